@@ -1,0 +1,233 @@
+// Python bindings: one call per batch, numpy buffers in and out, the GIL released while the
+// engine works. Status codes become the exception classes of recflash.reader.errors.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "reader/csrc/store.h"
+
+namespace py = pybind11;
+using namespace recflash;
+
+namespace {
+
+[[noreturn]] void Raise(const Status& s) {
+  static const char* kClass[] = {"RecflashError",      "UnknownFeatureError", "FeatureExistsError",
+                                 "SchemaError",        "InvalidArgumentError", "ValueTooLargeError",
+                                 "NotAStoreError",     "CorruptionError",     "StoreLockedError",
+                                 "StoreClosedError",   "IOError_"};
+  py::object errors = py::module_::import("recflash.reader.errors");
+  py::object cls = errors.attr(kClass[static_cast<int>(s.code())]);
+  PyErr_SetString(cls.ptr(), s.message().c_str());
+  throw py::error_already_set();
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// Moves a vector into a numpy array that owns it (no copy).
+template <typename T>
+py::array_t<T> ToNumpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), owner);
+}
+
+py::dict ReadStatsDict(const ReadStats& st) {
+  py::dict d;
+  d["pages_read"] = st.pages_read;
+  d["bytes_read"] = st.bytes_read;
+  d["useful_bytes"] = st.useful_bytes;
+  d["items"] = st.items;
+  d["seconds"] = st.seconds;
+  d["read_amplification"] = st.useful_bytes ? static_cast<double>(st.bytes_read) / st.useful_bytes : 0.0;
+  return d;
+}
+
+py::tuple Column(ColumnData&& c, bool variable) {
+  py::object offsets = py::none();
+  if (variable) offsets = ToNumpy(std::move(c.offsets));
+  return py::make_tuple(ToNumpy(std::move(c.keys)), ToNumpy(std::move(c.values)), offsets, ToNumpy(std::move(c.found)));
+}
+
+StoreOptions OptionsFromDict(const py::dict& d) {
+  StoreOptions o;
+  auto get = [&](const char* k, auto& field) {
+    if (d.contains(k)) field = d[k].cast<std::decay_t<decltype(field)>>();
+  };
+  get("page_size", o.page_size);
+  get("write_buffer_bytes", o.write_buffer_bytes);
+  get("direct_io", o.direct_io);
+  get("sync_on_write", o.sync_on_write);
+  get("queue_depth", o.queue_depth);
+  get("max_io_bytes", o.max_io_bytes);
+  get("pinner_enabled", o.pinner.enabled);
+  get("pin_budget_frac", o.pinner.budget_frac);
+  get("pin_threshold_frac", o.pinner.threshold_frac);
+  get("pin_max_features", o.pinner.max_features);
+  get("pin_max_flushes", o.pinner.max_flushes);
+  get("merger_enabled", o.merger.enabled);
+  get("merge_threshold", o.merger.threshold);
+  get("merge_low_benefit_frac", o.merger.low_benefit_frac);
+  get("reclaim_enabled", o.reclaim.enabled);
+  get("space_amp_limit", o.reclaim.space_amp_limit);
+  get("space_amp_target", o.reclaim.space_amp_target);
+  return o;
+}
+
+class PyStore {
+ public:
+  static std::unique_ptr<PyStore> Open(const std::string& path, const py::dict& opts) {
+    StoreOptions o = OptionsFromDict(opts);
+    std::unique_ptr<Store> s;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = Store::Open(path, o, &s);
+    }
+    Check(st);
+    auto p = std::make_unique<PyStore>();
+    p->s_ = std::move(s);
+    return p;
+  }
+
+  py::tuple CreateFeature(const std::string& name, const std::string& type) {
+    FeatureDef d;
+    Check(s_->CreateFeature(name, type, &d));
+    return py::make_tuple(d.id, d.TypeString(), d.dim);
+  }
+
+  py::tuple Lookup(const std::string& name) {
+    FeatureDef d;
+    Check(s_->LookupFeature(name, &d));
+    return py::make_tuple(d.id, d.TypeString(), d.dim);
+  }
+
+  py::list Features() {
+    py::list l;
+    for (const auto& d : s_->Features()) l.append(py::make_tuple(d.name, d.TypeString()));
+    return l;
+  }
+
+  void Put(const std::string& name, py::array_t<uint64_t, py::array::c_style> keys,
+           py::array_t<uint8_t, py::array::c_style> values, py::object offsets) {
+    const int64_t* off = nullptr;
+    py::array_t<int64_t, py::array::c_style> off_arr;
+    if (!offsets.is_none()) {
+      off_arr = offsets.cast<py::array_t<int64_t, py::array::c_style>>();
+      if (static_cast<size_t>(off_arr.size()) != static_cast<size_t>(keys.size()) + 1)
+        Raise(Status::InvalidArgument("feature '" + name + "': offsets must have len(keys) + 1 entries"));
+      off = off_arr.data();
+    }
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->Put(name, keys.data(), keys.size(), values.data(), values.size(), off);
+    }
+    Check(st);
+  }
+
+  void Delete(const std::string& name, py::array_t<uint64_t, py::array::c_style> keys) {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->Delete(name, keys.data(), keys.size());
+    }
+    Check(st);
+  }
+
+  void Flush(bool force) {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->Flush(force);
+    }
+    Check(st);
+  }
+
+  void Sync() {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->Sync();
+    }
+    Check(st);
+  }
+
+  void Close() {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->Close();
+    }
+    Check(st);
+  }
+
+  py::tuple ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi) {
+    std::vector<ColumnData> cols;
+    ReadStats rs;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->ScanMany(names, lo, hi, &cols, &rs);
+    }
+    Check(st);
+    py::list out;
+    for (size_t i = 0; i < cols.size(); i++) {
+      FeatureDef d;
+      Check(s_->LookupFeature(names[i], &d));
+      out.append(Column(std::move(cols[i]), d.variable()));
+    }
+    return py::make_tuple(out, ReadStatsDict(rs));
+  }
+
+  py::tuple Get(const std::string& name, py::array_t<uint64_t, py::array::c_style> keys) {
+    ColumnData col;
+    ReadStats rs;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->Get(name, keys.data(), keys.size(), &col, &rs);
+    }
+    Check(st);
+    FeatureDef d;
+    Check(s_->LookupFeature(name, &d));
+    return py::make_tuple(Column(std::move(col), d.variable()), ReadStatsDict(rs));
+  }
+
+  std::string StatsJson() {
+    py::gil_scoped_release nogil;
+    return s_->StatsJson();
+  }
+
+  uint32_t page_size() const { return s_->page_size(); }
+  std::string path() const { return s_->path(); }
+
+ private:
+  std::unique_ptr<Store> s_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "recflash storage engine (C++20, io_uring, O_DIRECT, RocksDB metadata)";
+  py::class_<PyStore>(m, "Store")
+      .def_static("open", &PyStore::Open, py::arg("path"), py::arg("options"))
+      .def("create_feature", &PyStore::CreateFeature)
+      .def("lookup", &PyStore::Lookup)
+      .def("features", &PyStore::Features)
+      .def("put", &PyStore::Put, py::arg("feature"), py::arg("keys"), py::arg("values"), py::arg("offsets") = py::none())
+      .def("delete", &PyStore::Delete)
+      .def("flush", &PyStore::Flush, py::arg("force") = false)
+      .def("sync", &PyStore::Sync)
+      .def("close", &PyStore::Close)
+      .def("scan_many", &PyStore::ScanMany)
+      .def("get", &PyStore::Get)
+      .def("stats_json", &PyStore::StatsJson)
+      .def_property_readonly("page_size", &PyStore::page_size)
+      .def_property_readonly("path", &PyStore::path);
+  m.attr("MAX_KEY") = py::int_(UINT64_MAX);
+}

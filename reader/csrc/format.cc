@@ -1,0 +1,249 @@
+#include "reader/csrc/format.h"
+
+#include <algorithm>
+
+#include "reader/csrc/crc32c.h"
+
+namespace recflash {
+
+namespace {
+
+inline uint32_t VarintSize(uint64_t v) {
+  uint32_t n = 1;
+  while (v >= 128) {
+    v >>= 7;
+    n++;
+  }
+  return n;
+}
+
+inline uint8_t* PutVarint(uint8_t* p, uint64_t v) {
+  while (v >= 128) {
+    *p++ = static_cast<uint8_t>(v | 128);
+    v >>= 7;
+  }
+  *p++ = static_cast<uint8_t>(v);
+  return p;
+}
+
+}  // namespace
+
+void PageBuilder::Reset() {
+  segs_.clear();
+  closed_bytes_ = sizeof(PageHeader);
+}
+
+uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
+  // One variable-length record with a tombstone-free run key: header, directory entry, body
+  // header and two offsets.
+  return page_size - sizeof(PageHeader) - sizeof(SegDesc) - kSegBodyHeader - 8;
+}
+
+uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
+                               uint64_t value_bytes) {
+  uint64_t b = sizeof(SegDesc) + kSegBodyHeader;
+  if (!run) b += varint_bytes;
+  if (any_tomb) b += (n + 7) / 8;
+  b += width ? static_cast<uint64_t>(n) * width : 4ull * (n + 1) + value_bytes;
+  return static_cast<uint32_t>(std::min<uint64_t>(b, 0xffffffffu));
+}
+
+uint32_t PageBuilder::Seg::BodyBytes() const {
+  return SegBytes(static_cast<uint32_t>(keys.size()), run, varint_bytes, any_tomb, width, values.size());
+}
+
+uint32_t PageBuilder::used_bytes() const {
+  return segs_.empty() ? closed_bytes_ : closed_bytes_ + segs_.back().BodyBytes();
+}
+
+bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, uint32_t len, bool tomb) {
+  const uint32_t width = f.fixed_width();
+  const bool new_seg = segs_.empty() || segs_.back().fid != f.id;
+  const uint32_t vlen = tomb ? width : len;  // fixed-width tombstones keep a zeroed slot
+  uint32_t before = closed_bytes_;
+  uint32_t after;
+  if (new_seg) {
+    if (!segs_.empty()) before += segs_.back().BodyBytes();
+    after = before + SegBytes(1, true, 1, tomb, width, width ? 0 : vlen);
+  } else {
+    const Seg& s = segs_.back();
+    const uint32_t n = static_cast<uint32_t>(s.keys.size());
+    const bool run = s.run && key == s.keys.front() + n;
+    const uint32_t vb = s.varint_bytes + VarintSize(key - s.keys.back());
+    after = closed_bytes_ + SegBytes(n + 1, run, vb, s.any_tomb || tomb, width, s.values.size() + (width ? 0 : vlen));
+  }
+  if (after > page_size_) return false;
+
+  if (new_seg) {
+    if (!segs_.empty()) closed_bytes_ += segs_.back().BodyBytes();
+    segs_.emplace_back();
+    Seg& s = segs_.back();
+    s.fid = f.id;
+    s.width = width;
+    s.varint_bytes = 1;  // first delta (0) is one byte
+    if (!width) s.offsets.push_back(0);
+  } else {
+    Seg& s = segs_.back();
+    s.run = s.run && key == s.keys.front() + s.keys.size();
+    s.varint_bytes += VarintSize(key - s.keys.back());
+  }
+  Seg& s = segs_.back();
+  s.keys.push_back(key);
+  s.tomb.push_back(tomb ? 1 : 0);
+  if (tomb) {
+    s.any_tomb = true;
+    s.tombs++;
+    if (width) s.values.resize(s.values.size() + width, 0);
+  } else {
+    s.values.insert(s.values.end(), value, value + len);
+    s.item_bytes += ItemBytes(len);
+  }
+  if (!width) s.offsets.push_back(static_cast<uint32_t>(s.values.size()));
+  return true;
+}
+
+void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vector<SegmentSummary>* out) const {
+  std::memset(buf, 0, page_size_);
+  auto* h = reinterpret_cast<PageHeader*>(buf);
+  h->magic = kPageMagic;
+  h->seq = seq;
+  h->page_id = page_id;
+  h->nseg = static_cast<uint16_t>(segs_.size());
+  h->version = kPageFormatVersion;
+  uint32_t off = sizeof(PageHeader) + sizeof(SegDesc) * segs_.size();
+  for (size_t i = 0; i < segs_.size(); i++) {
+    const Seg& s = segs_[i];
+    const uint32_t n = static_cast<uint32_t>(s.keys.size());
+    uint8_t* body = buf + off;
+    uint8_t* p = body + kSegBodyHeader;
+    uint32_t keys_bytes = 0;
+    if (!s.run) {
+      uint8_t* k0 = p;
+      uint64_t prev = s.keys.front();
+      for (uint32_t j = 0; j < n; j++) {
+        p = PutVarint(p, s.keys[j] - prev);
+        prev = s.keys[j];
+      }
+      keys_bytes = static_cast<uint32_t>(p - k0);
+    }
+    body[0] = s.run ? 0 : 1;
+    body[1] = s.any_tomb ? 1 : 0;
+    std::memcpy(body + 4, &keys_bytes, 4);
+    if (s.any_tomb) {
+      for (uint32_t j = 0; j < n; j++)
+        if (s.tomb[j]) p[j >> 3] |= static_cast<uint8_t>(1u << (j & 7));
+      p += (n + 7) / 8;
+    }
+    if (!s.width) {
+      std::memcpy(p, s.offsets.data(), 4ull * (n + 1));
+      p += 4ull * (n + 1);
+    }
+    if (!s.values.empty()) std::memcpy(p, s.values.data(), s.values.size());
+    p += s.values.size();
+    const uint32_t len = static_cast<uint32_t>(p - body);
+    SegDesc d{s.fid, n, off, len, s.keys.front(), s.keys.back()};
+    std::memcpy(buf + sizeof(PageHeader) + sizeof(SegDesc) * i, &d, sizeof d);
+    if (out) {
+      SegmentSummary sum;
+      sum.feature_id = s.fid;
+      sum.count = n;
+      sum.tombs = s.tombs;
+      sum.min_key = s.keys.front();
+      sum.max_key = s.keys.back();
+      sum.item_bytes = s.item_bytes;
+      sum.length = len + sizeof(SegDesc);
+      out->push_back(sum);
+    }
+    off += len;
+  }
+  h->used = off;
+  h->crc = crc32c::Value(buf + 8, page_size_ - 8);
+}
+
+void StampPageId(uint8_t* buf, uint32_t page_size, uint32_t page_id) {
+  auto* h = reinterpret_cast<PageHeader*>(buf);
+  h->page_id = page_id;
+  h->crc = crc32c::Value(buf + 8, page_size - 8);
+}
+
+Status PageView::Parse(const uint8_t* buf, uint32_t page_size, uint32_t expect_id, const std::string& where,
+                       PageView* out) {
+  const auto* h = reinterpret_cast<const PageHeader*>(buf);
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption("page " + std::to_string(expect_id) + " of '" + where + "' (offset " +
+                              std::to_string(static_cast<uint64_t>(expect_id) * page_size) + "): " + why);
+  };
+  if (h->magic != kPageMagic) return bad("bad magic (not a written page, or overwritten)");
+  const uint32_t crc = crc32c::Value(buf + 8, page_size - 8);
+  if (crc != h->crc) return bad("checksum mismatch (stored " + std::to_string(h->crc) + ", computed " +
+                                std::to_string(crc) + ")");
+  if (h->version != kPageFormatVersion) return bad("unknown page format version " + std::to_string(h->version));
+  if (h->page_id != expect_id) return bad("page header says it is page " + std::to_string(h->page_id));
+  if (sizeof(PageHeader) + static_cast<uint64_t>(h->nseg) * sizeof(SegDesc) > page_size || h->used > page_size)
+    return bad("segment directory out of bounds");
+  for (uint32_t i = 0; i < h->nseg; i++) {
+    SegDesc d;
+    std::memcpy(&d, buf + sizeof(PageHeader) + sizeof(SegDesc) * i, sizeof d);
+    if (static_cast<uint64_t>(d.offset) + d.length > page_size) return bad("segment out of bounds");
+  }
+  out->buf_ = buf;
+  out->seq_ = h->seq;
+  out->nseg_ = h->nseg;
+  return Status::OK();
+}
+
+SegmentView PageView::Segment(uint32_t i) const {
+  SegDesc d;
+  std::memcpy(&d, buf_ + sizeof(PageHeader) + sizeof(SegDesc) * i, sizeof d);
+  SegmentView v;
+  v.feature_id = d.feature_id;
+  v.count = d.count;
+  v.min_key = d.min_key;
+  v.max_key = d.max_key;
+  const uint8_t* body = buf_ + d.offset;
+  v.run_keys = body[0] == 0;
+  std::memcpy(&v.keys_bytes, body + 4, 4);
+  const uint8_t* p = body + kSegBodyHeader;
+  v.keys = p;
+  p += v.run_keys ? 0 : v.keys_bytes;
+  if (body[1]) {
+    v.tomb = p;
+    p += (d.count + 7) / 8;
+  }
+  v.values = p;
+  return v;
+}
+
+bool PageView::Find(uint32_t feature_id, SegmentView* out) const {
+  for (uint32_t i = 0; i < nseg_; i++) {
+    uint32_t fid;
+    std::memcpy(&fid, buf_ + sizeof(PageHeader) + sizeof(SegDesc) * i, 4);
+    if (fid == feature_id) {
+      *out = Segment(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+void SegmentView::DecodeKeys(uint64_t* out) const {
+  if (run_keys) {
+    for (uint32_t i = 0; i < count; i++) out[i] = min_key + i;
+    return;
+  }
+  const uint8_t* p = keys;
+  uint64_t prev = min_key;
+  for (uint32_t i = 0; i < count; i++) {
+    uint64_t v = 0;
+    int shift = 0;
+    while (*p & 128) {
+      v |= static_cast<uint64_t>(*p++ & 127) << shift;
+      shift += 7;
+    }
+    v |= static_cast<uint64_t>(*p++) << shift;
+    prev += v;
+    out[i] = prev;
+  }
+}
+
+}  // namespace recflash

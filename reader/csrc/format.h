@@ -1,0 +1,160 @@
+// On-disk page format.
+//
+// A page is `page_size` bytes (a flash page, default 16 KiB), written and read whole with
+// O_DIRECT. Layout:
+//
+//   PageHeader (40 B)  magic, crc32c of bytes [8, page_size), seq, page id, segment count
+//   SegDesc[nseg]      per-feature directory: feature id, item count, body offset/length,
+//                      min/max key — a reader jumps straight to its feature's segment
+//   segment bodies     one per feature present in the page, items sorted by key:
+//                        u8 key_enc, u8 has_tomb, u16 0, u32 keys_bytes
+//                        keys: nothing when they are a run (min_key + i), else LEB128
+//                              varint deltas — dense integer keys cost 0 or 1 byte each
+//                        tombstone bitmap (only when the segment holds deletes)
+//                        values: fixed width: count * width bytes;
+//                                variable: u32 offsets[count + 1], then the bytes
+//
+// `seq` orders pages: for a key stored in several pages (an old version not yet reclaimed),
+// the page with the highest seq holds the current version. Recovery relies on this.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "reader/csrc/status.h"
+#include "reader/csrc/types.h"
+
+namespace recflash {
+
+constexpr uint32_t kPageMagic = 0x47504652;  // "RFPG"
+constexpr uint16_t kPageFormatVersion = 1;
+
+struct PageHeader {
+  uint32_t magic;
+  uint32_t crc;
+  uint64_t seq;
+  uint32_t page_id;
+  uint16_t nseg;
+  uint16_t version;
+  uint32_t used;
+  uint32_t reserved[3];
+};
+static_assert(sizeof(PageHeader) == 40);
+
+struct SegDesc {
+  uint32_t feature_id;
+  uint32_t count;
+  uint32_t offset;
+  uint32_t length;
+  uint64_t min_key;
+  uint64_t max_key;
+};
+static_assert(sizeof(SegDesc) == 32);
+
+constexpr uint32_t kSegBodyHeader = 8;
+
+// What a writer learns about each segment it put into a page; becomes metadata.
+struct SegmentSummary {
+  uint32_t feature_id = 0;
+  uint32_t count = 0;        // records, tombstones included
+  uint32_t tombs = 0;
+  uint64_t min_key = 0, max_key = 0;
+  uint64_t item_bytes = 0;   // logical bytes of the non-tombstone records
+  uint32_t length = 0;       // on-disk bytes of the segment (directory entry + body)
+};
+
+// Accumulates items for one page. Items of a feature must be added in ascending key order
+// and contiguously (one segment per feature per page).
+class PageBuilder {
+ public:
+  explicit PageBuilder(uint32_t page_size) : page_size_(page_size) { Reset(); }
+
+  void Reset();
+  bool empty() const { return segs_.empty(); }
+  // Largest value (bytes) that fits in an otherwise empty page.
+  static uint32_t MaxValueBytes(uint32_t page_size);
+
+  // Appends an item if it fits; returns false (and changes nothing) if the page is full.
+  bool Add(const FeatureDef& f, uint64_t key, const uint8_t* value, uint32_t len, bool tomb);
+
+  // Serializes into `buf` (page_size bytes), stamping seq, page id and the checksum.
+  void Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vector<SegmentSummary>* out) const;
+
+  uint32_t used_bytes() const;
+
+ private:
+  struct Seg {
+    uint32_t fid = 0;
+    uint32_t width = 0;  // 0 = variable
+    std::vector<uint64_t> keys;
+    std::vector<uint8_t> tomb;
+    std::vector<uint8_t> values;
+    std::vector<uint32_t> offsets;  // variable only: offsets[0] = 0
+    uint32_t varint_bytes = 0;
+    bool run = true;
+    bool any_tomb = false;
+    uint32_t tombs = 0;
+    uint64_t item_bytes = 0;
+    uint32_t BodyBytes() const;
+  };
+  static uint32_t SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
+                           uint64_t value_bytes);
+  uint32_t page_size_;
+  std::vector<Seg> segs_;
+  uint32_t closed_bytes_ = 0;  // header + finished segments
+};
+
+// Re-stamps the page id of a finished page and recomputes its checksum (ids are allocated
+// after a batch of pages has been built, so a batch can take one contiguous run).
+void StampPageId(uint8_t* buf, uint32_t page_size, uint32_t page_id);
+
+// A parsed, verified page held in memory (does not own the bytes).
+struct SegmentView {
+  uint32_t feature_id = 0;
+  uint32_t count = 0;
+  uint64_t min_key = 0, max_key = 0;
+  bool run_keys = true;
+  const uint8_t* keys = nullptr;  // varint stream when !run_keys
+  uint32_t keys_bytes = 0;
+  const uint8_t* tomb = nullptr;  // bitmap or nullptr
+  const uint8_t* values = nullptr;
+  uint32_t width = 0;  // filled by the caller from the feature definition (0 = variable)
+
+  bool is_tomb(uint32_t i) const { return tomb && (tomb[i >> 3] >> (i & 7) & 1); }
+  // Decodes all keys into out[0, count).
+  void DecodeKeys(uint64_t* out) const;
+  // Value of record i: pointer and length. `width` must be set.
+  void Value(uint32_t i, const uint8_t** p, uint32_t* len) const {
+    if (width) {
+      *p = values + static_cast<size_t>(i) * width;
+      *len = width;
+    } else {
+      uint32_t a, b;
+      std::memcpy(&a, values + 4ull * i, 4);
+      std::memcpy(&b, values + 4ull * (i + 1), 4);
+      *p = values + 4ull * (count + 1) + a;
+      *len = b - a;
+    }
+  }
+};
+
+class PageView {
+ public:
+  // Verifies magic, version, checksum and that the page is `expect_id` (catches misdirected
+  // or never-written pages). `where` names the file for error messages.
+  static Status Parse(const uint8_t* buf, uint32_t page_size, uint32_t expect_id, const std::string& where,
+                      PageView* out);
+  uint64_t seq() const { return seq_; }
+  uint32_t nseg() const { return nseg_; }
+  // Segment of a feature, or false if the page holds none.
+  bool Find(uint32_t feature_id, SegmentView* out) const;
+  SegmentView Segment(uint32_t i) const;
+
+ private:
+  const uint8_t* buf_ = nullptr;
+  uint64_t seq_ = 0;
+  uint32_t nseg_ = 0;
+};
+
+}  // namespace recflash

@@ -1,0 +1,232 @@
+#include "reader/csrc/io_ring.h"
+
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace recflash {
+
+std::vector<PageRun> CoalescePages(const std::vector<uint32_t>& pages, uint32_t max_pages) {
+  std::vector<PageRun> runs;
+  for (uint32_t p : pages) {
+    if (!runs.empty() && runs.back().first + runs.back().count == p && runs.back().count < max_pages) {
+      runs.back().count++;
+    } else {
+      runs.push_back({p, 1});
+    }
+  }
+  return runs;
+}
+
+AlignedBuffer::AlignedBuffer(size_t bytes) : n_(bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) throw std::bad_alloc();
+  p_ = static_cast<uint8_t*>(p);
+}
+
+AlignedBuffer::~AlignedBuffer() { std::free(p_); }
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
+  if (this != &o) {
+    std::free(p_);
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+Status IoRing::Create(unsigned depth, uint32_t slot_bytes, std::unique_ptr<IoRing>* out) {
+  std::unique_ptr<IoRing> r(new IoRing());
+  r->depth_ = depth;
+  r->slot_bytes_ = slot_bytes;
+  int rc = io_uring_queue_init(depth * 2, &r->ring_, 0);
+  if (rc < 0) return Status::FromErrno("io_uring_queue_init", "(ring)", -rc);
+  r->ring_ok_ = true;
+  r->slots_ = AlignedBuffer(static_cast<size_t>(depth) * slot_bytes);
+  std::vector<iovec> iov(depth);
+  for (unsigned i = 0; i < depth; i++) {
+    iov[i].iov_base = r->slots_.data() + static_cast<size_t>(i) * slot_bytes;
+    iov[i].iov_len = slot_bytes;
+  }
+  // Registration can fail under a low RLIMIT_MEMLOCK; plain reads still work then.
+  r->registered_ = io_uring_register_buffers(&r->ring_, iov.data(), depth) == 0;
+  *out = std::move(r);
+  return Status::OK();
+}
+
+IoRing::~IoRing() {
+  if (ring_ok_) {
+    if (registered_) io_uring_unregister_buffers(&ring_);
+    io_uring_queue_exit(&ring_);
+  }
+}
+
+Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
+                        const RunCallback& cb) {
+  struct Pending {
+    size_t run = 0;
+    uint32_t done = 0;  // bytes already read (short reads are resubmitted)
+  };
+  std::vector<Pending> slot(depth_);
+  std::vector<unsigned> free_slots;
+  for (unsigned i = 0; i < depth_; i++) free_slots.push_back(depth_ - 1 - i);
+  size_t next = 0;
+  unsigned inflight = 0;
+  Status status;
+
+  auto submit_slot = [&](unsigned s) {
+    const PageRun& r = runs[slot[s].run];
+    const uint32_t total = r.count * page_size;
+    uint8_t* buf = slots_.data() + static_cast<size_t>(s) * slot_bytes_;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    const uint64_t off = static_cast<uint64_t>(r.first) * page_size + slot[s].done;
+    if (registered_) {
+      io_uring_prep_read_fixed(sqe, fd, buf + slot[s].done, total - slot[s].done, off, static_cast<int>(s));
+    } else {
+      io_uring_prep_read(sqe, fd, buf + slot[s].done, total - slot[s].done, off);
+    }
+    io_uring_sqe_set_data64(sqe, s);
+    inflight++;
+  };
+
+  while (next < runs.size() || inflight > 0) {
+    bool queued = false;
+    while (status.ok() && next < runs.size() && !free_slots.empty()) {
+      if (runs[next].count * page_size > slot_bytes_) return Status::InvalidArgument("read run larger than a ring slot");
+      unsigned s = free_slots.back();
+      free_slots.pop_back();
+      slot[s] = Pending{next++, 0};
+      submit_slot(s);
+      queued = true;
+    }
+    if (!status.ok() && inflight == 0) break;
+    if (queued || inflight > 0) {
+      int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    }
+    io_uring_cqe* cqe;
+    unsigned head, seen = 0;
+    std::vector<unsigned> completed;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      seen++;
+      const unsigned s = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+      inflight--;
+      const int res = cqe->res;
+      const PageRun& r = runs[slot[s].run];
+      const uint32_t total = r.count * page_size;
+      if (res < 0) {
+        if (res == -EAGAIN || res == -EINTR) {
+          completed.push_back(s | 0x80000000u);  // resubmit
+          continue;
+        }
+        if (status.ok())
+          status = Status::FromErrno("read of pages " + std::to_string(r.first) + ".." +
+                                         std::to_string(r.first + r.count - 1),
+                                     path, -res);
+        free_slots.push_back(s);
+        continue;
+      }
+      if (res == 0) {
+        if (status.ok())
+          status = Status::Corruption("page " + std::to_string(r.first + slot[s].done / page_size) + " of '" + path +
+                                      "' lies beyond the end of the file");
+        free_slots.push_back(s);
+        continue;
+      }
+      slot[s].done += static_cast<uint32_t>(res);
+      if (slot[s].done < total) {
+        completed.push_back(s | 0x80000000u);
+      } else {
+        completed.push_back(s);
+      }
+    }
+    io_uring_cq_advance(&ring_, seen);
+    for (unsigned c : completed) {
+      const unsigned s = c & 0x7fffffffu;
+      if (c & 0x80000000u) {
+        if (status.ok()) {
+          submit_slot(s);
+        } else {
+          free_slots.push_back(s);
+        }
+        continue;
+      }
+      if (status.ok()) status = cb(runs[slot[s].run], slots_.data() + static_cast<size_t>(s) * slot_bytes_);
+      free_slots.push_back(s);
+    }
+    if (!status.ok()) next = runs.size();  // stop issuing; drain what is in flight
+  }
+  return status;
+}
+
+Status IoRing::WriteRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
+                         const std::vector<const uint8_t*>& src) {
+  struct Pending {
+    uint32_t done = 0;
+  };
+  std::vector<Pending> st(runs.size());
+  size_t next = 0;
+  unsigned inflight = 0;
+  Status status;
+  auto submit = [&](size_t i) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    const uint32_t total = runs[i].count * page_size;
+    io_uring_prep_write(sqe, fd, src[i] + st[i].done, total - st[i].done,
+                        static_cast<uint64_t>(runs[i].first) * page_size + st[i].done);
+    io_uring_sqe_set_data64(sqe, i);
+    inflight++;
+  };
+  while (next < runs.size() || inflight > 0) {
+    while (next < runs.size() && inflight < depth_) submit(next++);
+    int rc = io_uring_submit_and_wait(&ring_, 1);
+    if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    io_uring_cqe* cqe;
+    unsigned head, seen = 0;
+    std::vector<size_t> again;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      seen++;
+      const size_t i = io_uring_cqe_get_data64(cqe);
+      inflight--;
+      if (cqe->res < 0) {
+        if (cqe->res == -EAGAIN || cqe->res == -EINTR) {
+          again.push_back(i);
+        } else if (status.ok()) {
+          status = Status::FromErrno("write of pages " + std::to_string(runs[i].first) + ".." +
+                                         std::to_string(runs[i].first + runs[i].count - 1),
+                                     path, -cqe->res);
+        }
+        continue;
+      }
+      st[i].done += static_cast<uint32_t>(cqe->res);
+      if (st[i].done < runs[i].count * page_size) again.push_back(i);
+    }
+    io_uring_cq_advance(&ring_, seen);
+    for (size_t i : again)
+      if (status.ok()) submit(i);
+    if (!status.ok()) next = runs.size();
+  }
+  return status;
+}
+
+Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!free_.empty()) {
+      *out = std::move(free_.back());
+      free_.pop_back();
+      return Status::OK();
+    }
+  }
+  return IoRing::Create(depth_, slot_bytes_, out);
+}
+
+void IoRingPool::Release(std::unique_ptr<IoRing> r) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (free_.size() < 8) free_.push_back(std::move(r));
+}
+
+}  // namespace recflash

@@ -1,0 +1,126 @@
+#include "reader/csrc/key_index.h"
+
+#include <algorithm>
+
+namespace recflash {
+
+int64_t KeyIndex::Find(uint64_t key) const {
+  if (dense_) {
+    if (key < base_ || key - base_ >= locs_.size()) return kAbsent;
+    return static_cast<int64_t>(key - base_);
+  }
+  auto it = std::lower_bound(keys_.begin(), keys_.end(), key);
+  if (it == keys_.end() || *it != key) return kAbsent;
+  return it - keys_.begin();
+}
+
+int64_t KeyIndex::FindFrom(uint64_t key, size_t* hint) const {
+  if (dense_) return Find(key);
+  size_t i = *hint;
+  if (i > keys_.size() || (i > 0 && keys_[i - 1] >= key)) i = 0;
+  // Gallop forward from the hint, then binary search the bracket.
+  size_t step = 1, hi = i;
+  while (hi < keys_.size() && keys_[hi] < key) {
+    i = hi + 1;
+    hi += step;
+    step <<= 1;
+  }
+  hi = std::min(hi, keys_.size());
+  auto it = std::lower_bound(keys_.begin() + i, keys_.begin() + hi, key);
+  *hint = it - keys_.begin();
+  if (it == keys_.end() || *it != key) return kAbsent;
+  return it - keys_.begin();
+}
+
+void KeyIndex::Materialize() {
+  if (!dense_) return;
+  keys_.resize(locs_.size());
+  for (size_t i = 0; i < locs_.size(); i++) keys_[i] = base_ + i;
+  dense_ = false;
+}
+
+void KeyIndex::InsertNew(const std::vector<uint64_t>& keys, const std::vector<uint32_t>& locs,
+                         const std::vector<uint32_t>& lens) {
+  if (keys.empty()) return;
+  if (dense_) {
+    if (locs_.empty()) base_ = keys.front();
+    bool extends = keys.front() == base_ + locs_.size();
+    for (size_t i = 1; i < keys.size() && extends; i++) extends = keys[i] == keys[i - 1] + 1;
+    if (extends) {
+      locs_.insert(locs_.end(), locs.begin(), locs.end());
+      if (track_lens_) lens_.insert(lens_.end(), lens.begin(), lens.end());
+      return;
+    }
+    if (keys.back() + 1 == base_ && !locs_.empty()) {
+      bool run = true;
+      for (size_t i = 1; i < keys.size() && run; i++) run = keys[i] == keys[i - 1] + 1;
+      if (run) {
+        locs_.insert(locs_.begin(), locs.begin(), locs.end());
+        if (track_lens_) lens_.insert(lens_.begin(), lens.begin(), lens.end());
+        base_ = keys.front();
+        return;
+      }
+    }
+    Materialize();
+  }
+  std::vector<uint64_t> k;
+  std::vector<uint32_t> l, n;
+  k.reserve(keys_.size() + keys.size());
+  l.reserve(keys_.size() + keys.size());
+  if (track_lens_) n.reserve(keys_.size() + keys.size());
+  size_t a = 0, b = 0;
+  while (a < keys_.size() || b < keys.size()) {
+    if (b == keys.size() || (a < keys_.size() && keys_[a] < keys[b])) {
+      k.push_back(keys_[a]);
+      if (track_lens_) n.push_back(lens_[a]);
+      l.push_back(locs_[a++]);
+    } else {
+      k.push_back(keys[b]);
+      if (track_lens_) n.push_back(lens[b]);
+      l.push_back(locs[b++]);
+    }
+  }
+  keys_ = std::move(k);
+  locs_ = std::move(l);
+  lens_ = std::move(n);
+}
+
+void KeyIndex::Erase(const std::vector<size_t>& positions) {
+  if (positions.empty()) return;
+  // Erasing at either end of a dense run keeps it dense.
+  if (dense_) {
+    bool prefix = true, suffix = true;
+    for (size_t i = 0; i < positions.size(); i++) {
+      prefix = prefix && positions[i] == i;
+      suffix = suffix && positions[i] == locs_.size() - positions.size() + i;
+    }
+    if (prefix) {
+      locs_.erase(locs_.begin(), locs_.begin() + positions.size());
+      if (track_lens_) lens_.erase(lens_.begin(), lens_.begin() + positions.size());
+      base_ += positions.size();
+      return;
+    }
+    if (suffix) {
+      locs_.resize(locs_.size() - positions.size());
+      if (track_lens_) lens_.resize(locs_.size());
+      return;
+    }
+    Materialize();
+  }
+  size_t w = 0, p = 0;
+  for (size_t i = 0; i < keys_.size(); i++) {
+    if (p < positions.size() && positions[p] == i) {
+      p++;
+      continue;
+    }
+    keys_[w] = keys_[i];
+    locs_[w] = locs_[i];
+    if (track_lens_) lens_[w] = lens_[i];
+    w++;
+  }
+  keys_.resize(w);
+  locs_.resize(w);
+  if (track_lens_) lens_.resize(w);
+}
+
+}  // namespace recflash

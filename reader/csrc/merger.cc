@@ -1,0 +1,105 @@
+#include "reader/csrc/merger.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "reader/csrc/format.h"
+
+namespace recflash {
+
+uint32_t PagePayload(uint32_t page_size) { return page_size - sizeof(PageHeader); }
+
+namespace {
+
+double LiveDiskBytes(const FeatureState& f, const LogicalPageTable& pt) {
+  double b = 0;
+  for (uint32_t p : f.pages) {
+    const PageMeta& pm = pt.at(p);
+    for (const auto& s : pm.segs)
+      if (s.fid == f.def.id && !s.retired) b += s.live_disk_bytes();
+  }
+  return b;
+}
+
+}  // namespace
+
+double FragmentationDegree(const FeatureState& f, const LogicalPageTable& pt, uint32_t page_size) {
+  if (f.pages.empty()) return 0.0;
+  const double ideal = std::max(1.0, std::ceil(LiveDiskBytes(f, pt) / PagePayload(page_size)));
+  return static_cast<double>(f.pages.size()) / ideal;
+}
+
+std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates, const LogicalPageTable& pt,
+                                   uint32_t page_size) {
+  std::vector<MoveTask> tasks;
+  if (!o_.enabled) return tasks;
+  const double payload = PagePayload(page_size);
+  for (FeatureState* f : candidates) {
+    stats_.checks++;
+    if (f->pages.size() < 2) continue;
+    if (FragmentationDegree(*f, pt, page_size) <= o_.threshold) continue;
+    std::vector<uint32_t> gather;
+    double gathered_bytes = 0;
+    for (uint32_t p : f->pages) {
+      const PageMeta& pm = pt.at(p);
+      for (const auto& s : pm.segs) {
+        if (s.fid != f->def.id || s.retired) continue;
+        if (s.live_disk_bytes() < o_.low_benefit_frac * payload) {
+          gather.push_back(p);
+          gathered_bytes += s.live_disk_bytes();
+        }
+      }
+    }
+    // Only worth it when the gathered items need fewer pages than they occupy now.
+    const double new_pages = std::ceil(gathered_bytes / payload);
+    if (gather.size() < 2 || new_pages >= static_cast<double>(gather.size())) continue;
+    stats_.victims++;
+    stats_.pages_gathered += gather.size();
+    for (uint32_t p : gather) tasks.push_back({p, f->def.id});
+  }
+  return tasks;
+}
+
+double Reclaimer::SpaceAmp(const LogicalPageTable& pt, uint32_t page_size, double* needed_pages) {
+  double live = 0;
+  uint64_t pages = 0;
+  for (uint32_t p = 0; p < pt.slots(); p++) {
+    const PageMeta& pm = pt.at(p);
+    if (!pm.live) continue;
+    pages++;
+    live += pm.live_disk_bytes();
+  }
+  const double need = std::max(1.0, std::ceil(live / PagePayload(page_size)));
+  if (needed_pages) *needed_pages = need;
+  return pages ? pages / need : 1.0;
+}
+
+std::vector<MoveTask> Reclaimer::Plan(const LogicalPageTable& pt, uint32_t page_size) {
+  std::vector<MoveTask> tasks;
+  if (!o_.enabled) return tasks;
+  double need = 0;
+  const double amp = SpaceAmp(pt, page_size, &need);
+  if (amp <= o_.space_amp_limit) return tasks;
+  stats_.runs++;
+  const double payload = PagePayload(page_size);
+  std::vector<std::pair<double, uint32_t>> util;  // (utilisation, page)
+  for (uint32_t p = 0; p < pt.slots(); p++) {
+    const PageMeta& pm = pt.at(p);
+    if (pm.live) util.emplace_back(pm.live_disk_bytes() / payload, p);
+  }
+  std::sort(util.begin(), util.end());
+  // Rewriting k pages of total utilisation u frees k - ceil(u) pages.
+  double pages = static_cast<double>(util.size());
+  double moved = 0;
+  size_t k = 0;
+  while (k < util.size() && pages / need > o_.space_amp_target) {
+    moved += util[k].first;
+    k++;
+    pages = static_cast<double>(util.size()) - k + std::ceil(moved);
+  }
+  for (size_t i = 0; i < k; i++) tasks.push_back({util[i].second, MoveTask::kAllFeatures});
+  stats_.pages_cleaned += k;
+  return tasks;
+}
+
+}  // namespace recflash

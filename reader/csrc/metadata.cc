@@ -1,0 +1,264 @@
+#include "reader/csrc/metadata.h"
+
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace recflash {
+
+namespace {
+
+void PutU32BE(std::string* s, uint32_t v) {
+  for (int i = 3; i >= 0; i--) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint32_t GetU32BE(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+template <typename T>
+void PutRaw(std::string* s, T v) {
+  s->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <typename T>
+bool GetRaw(const std::string& s, size_t* pos, T* v) {
+  if (*pos + sizeof(T) > s.size()) return false;
+  std::memcpy(v, s.data() + *pos, sizeof(T));
+  *pos += sizeof(T);
+  return true;
+}
+std::string Key(char tag, uint32_t id) {
+  std::string k(1, tag);
+  PutU32BE(&k, id);
+  return k;
+}
+
+}  // namespace
+
+void LogicalPageTable::MarkLive(uint32_t pid, uint64_t seq, std::vector<SegMeta> segs) {
+  EnsureSlots(pid + 1);
+  PageMeta& p = pages_[pid];
+  if (!p.live) live_++;
+  p.live = true;
+  p.seq = seq;
+  p.segs = std::move(segs);
+  free_.erase(pid);
+}
+
+void LogicalPageTable::MarkDead(uint32_t pid) {
+  PageMeta& p = pages_[pid];
+  if (p.live) live_--;
+  p.live = false;
+  p.segs.clear();
+  p.segs.shrink_to_fit();
+}
+
+std::vector<uint32_t> LogicalPageTable::Allocate(uint32_t n) {
+  std::vector<uint32_t> out;
+  if (n == 0) return out;
+  // First contiguous free run long enough.
+  uint32_t run_start = 0, run_len = 0;
+  for (uint32_t pid : free_) {
+    if (run_len && pid == run_start + run_len) {
+      run_len++;
+    } else {
+      run_start = pid;
+      run_len = 1;
+    }
+    if (run_len == n) break;
+  }
+  if (run_len == n) {
+    for (uint32_t i = 0; i < n; i++) {
+      out.push_back(run_start + i);
+      free_.erase(run_start + i);
+    }
+  } else if (n <= 2 && !free_.empty()) {
+    // Small writes fill holes.
+    while (out.size() < n && !free_.empty()) {
+      out.push_back(*free_.begin());
+      free_.erase(free_.begin());
+    }
+  }
+  // Otherwise append at the end of the file, contiguously.
+  uint32_t next = static_cast<uint32_t>(pages_.size());
+  while (out.size() < n) out.push_back(next++);
+  EnsureSlots(next);
+  return out;
+}
+
+size_t LogicalPageTable::MemoryBytes() const {
+  size_t b = pages_.capacity() * sizeof(PageMeta) + free_.size() * 40;
+  for (const auto& p : pages_) b += p.segs.capacity() * sizeof(SegMeta);
+  return b;
+}
+
+void FeatureState::RemovePages(const std::set<uint32_t>& gone) {
+  pages.erase(std::remove_if(pages.begin(), pages.end(), [&](uint32_t p) { return gone.count(p) > 0; }),
+              pages.end());
+}
+
+FeatureState* FeatureTable::Add(const FeatureDef& def) {
+  if (features_.size() <= def.id) features_.resize(def.id + 1);
+  features_[def.id] = std::make_unique<FeatureState>();
+  features_[def.id]->def = def;
+  by_name_[def.name] = def.id;
+  return features_[def.id].get();
+}
+
+std::vector<FeatureState*> FeatureTable::All() {
+  std::vector<FeatureState*> v;
+  for (auto& f : features_)
+    if (f) v.push_back(f.get());
+  return v;
+}
+
+size_t FeatureTable::MemoryBytes() const {
+  size_t b = features_.capacity() * sizeof(void*);
+  for (const auto& f : features_)
+    if (f) b += sizeof(FeatureState) + f->def.name.size() + f->index.MemoryBytes() + f->pages.capacity() * 4;
+  return b;
+}
+
+MetaStore::~MetaStore() { db_.reset(); }
+
+Status MetaStore::Open(const std::string& dir, bool create) {
+  dir_ = dir;
+  rocksdb::Options o;
+  o.create_if_missing = create;
+  o.error_if_exists = false;
+  o.max_open_files = 64;
+  o.keep_log_file_num = 2;
+  o.write_buffer_size = 8 << 20;
+  o.max_background_jobs = 1;
+  o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  rocksdb::BlockBasedTableOptions t;
+  t.block_size = 16 << 10;
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(o, dir, &db);
+  if (!s.ok()) {
+    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos)
+      return Status::Locked("metadata database '" + dir + "' is locked by another process: " + s.ToString());
+    return Status::IOError("cannot open metadata database '" + dir + "': " + s.ToString());
+  }
+  db_.reset(db);
+  return Status::OK();
+}
+
+Status MetaStore::ReadFormat(std::string* value, bool* found) {
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "format", value);
+  *found = s.ok();
+  if (s.ok() || s.IsNotFound()) return Status::OK();
+  return Status::IOError("metadata read failed in '" + dir_ + "': " + s.ToString());
+}
+
+Status MetaStore::WriteFormat(const std::string& value) {
+  rocksdb::WriteBatch b;
+  b.Put("format", value);
+  return Commit(&b);
+}
+
+void MetaStore::PutFeature(rocksdb::WriteBatch* b, const FeatureDef& f) {
+  std::string v;
+  PutRaw<uint8_t>(&v, static_cast<uint8_t>(f.type));
+  PutRaw<uint32_t>(&v, f.dim);
+  v += f.name;
+  b->Put(Key('F', f.id), v);
+}
+
+void MetaStore::PutPage(rocksdb::WriteBatch* b, uint32_t pid, const PageMeta& p) {
+  std::string v;
+  PutRaw<uint64_t>(&v, p.seq);
+  PutRaw<uint16_t>(&v, static_cast<uint16_t>(p.segs.size()));
+  for (const auto& s : p.segs) {
+    PutRaw<uint32_t>(&v, s.fid);
+    PutRaw<uint32_t>(&v, s.count);
+    PutRaw<uint32_t>(&v, s.tombs);
+    PutRaw<uint64_t>(&v, s.min_key);
+    PutRaw<uint64_t>(&v, s.max_key);
+    PutRaw<uint32_t>(&v, s.length);
+    PutRaw<uint8_t>(&v, s.retired ? 1 : 0);
+  }
+  b->Put(Key('P', pid), v);
+}
+
+void MetaStore::DeletePage(rocksdb::WriteBatch* b, uint32_t pid) { b->Delete(Key('P', pid)); }
+
+void MetaStore::PutState(rocksdb::WriteBatch* b, const PersistentState& st) {
+  std::string v;
+  PutRaw<uint64_t>(&v, st.next_seq);
+  PutRaw<uint64_t>(&v, st.wal_start);
+  PutRaw<uint32_t>(&v, st.next_fid);
+  b->Put("S", v);
+}
+
+Status MetaStore::Commit(rocksdb::WriteBatch* b) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  bytes_committed_ += b->GetDataSize();
+  rocksdb::Status s = db_->Write(wo, b);
+  if (!s.ok()) return Status::IOError("metadata commit failed in '" + dir_ + "': " + s.ToString());
+  return Status::OK();
+}
+
+Status MetaStore::LoadFeatures(std::vector<FeatureDef>* out) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("F"); it->Valid() && it->key().starts_with("F"); it->Next()) {
+    if (it->key().size() != 5) continue;
+    const std::string v = it->value().ToString();
+    FeatureDef f;
+    f.id = GetU32BE(it->key().data() + 1);
+    size_t pos = 0;
+    uint8_t t;
+    if (!GetRaw(v, &pos, &t) || !GetRaw(v, &pos, &f.dim))
+      return Status::Corruption("feature record " + std::to_string(f.id) + " in '" + dir_ + "' is truncated");
+    f.type = static_cast<ValueType>(t);
+    f.name = v.substr(pos);
+    out->push_back(f);
+  }
+  if (!it->status().ok()) return Status::IOError("metadata scan failed in '" + dir_ + "': " + it->status().ToString());
+  return Status::OK();
+}
+
+Status MetaStore::LoadPages(std::vector<std::pair<uint32_t, PageMeta>>* out) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("P"); it->Valid() && it->key().starts_with("P"); it->Next()) {
+    if (it->key().size() != 5) continue;
+    const uint32_t pid = GetU32BE(it->key().data() + 1);
+    const std::string v = it->value().ToString();
+    PageMeta p;
+    p.live = true;
+    size_t pos = 0;
+    uint16_t n = 0;
+    bool ok = GetRaw(v, &pos, &p.seq) && GetRaw(v, &pos, &n);
+    for (uint16_t i = 0; ok && i < n; i++) {
+      SegMeta s;
+      uint8_t retired = 0;
+      ok = GetRaw(v, &pos, &s.fid) && GetRaw(v, &pos, &s.count) && GetRaw(v, &pos, &s.tombs) &&
+           GetRaw(v, &pos, &s.min_key) && GetRaw(v, &pos, &s.max_key) && GetRaw(v, &pos, &s.length) &&
+           GetRaw(v, &pos, &retired);
+      s.retired = retired != 0;
+      p.segs.push_back(s);
+    }
+    if (!ok) return Status::Corruption("page record " + std::to_string(pid) + " in '" + dir_ + "' is truncated");
+    out->emplace_back(pid, std::move(p));
+  }
+  if (!it->status().ok()) return Status::IOError("metadata scan failed in '" + dir_ + "': " + it->status().ToString());
+  return Status::OK();
+}
+
+Status MetaStore::LoadState(PersistentState* st, bool* found) {
+  std::string v;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "S", &v);
+  *found = s.ok();
+  if (s.IsNotFound()) return Status::OK();
+  if (!s.ok()) return Status::IOError("metadata read failed in '" + dir_ + "': " + s.ToString());
+  size_t pos = 0;
+  if (!GetRaw(v, &pos, &st->next_seq) || !GetRaw(v, &pos, &st->wal_start) || !GetRaw(v, &pos, &st->next_fid))
+    return Status::Corruption("state record in '" + dir_ + "' is truncated");
+  return Status::OK();
+}
+
+}  // namespace recflash

@@ -1,0 +1,152 @@
+// The metadata manager (READER §3.2): the feature table and the logical page table, cached
+// in DRAM, persisted in RocksDB.
+//
+// Persisted (MetaStore, RocksDB, written with sync before anything depends on it):
+//   "format"       store format marker and page size
+//   "F" + be32 id  feature definition
+//   "P" + be32 id  logical page record: seq + per-feature segments (count, key range,
+//                  on-disk length, retired flag)
+//   "S"            state: next page seq, first live WAL file, next feature id
+// Valid counts are *derived*: recovery rebuilds them (and the KeyIndex) by reading the live
+// pages, the highest seq winning per key. Persisting them would mean rewriting almost every
+// page record on every flush under uniform updates; the "retired" flag is persisted instead
+// whenever a segment loses its last valid item, so stale records never come back.
+#pragma once
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "reader/csrc/key_index.h"
+#include "reader/csrc/status.h"
+#include "reader/csrc/types.h"
+
+namespace recflash {
+
+struct SegMeta {
+  uint32_t fid = 0;
+  uint32_t count = 0;        // records written (tombstones included)
+  uint32_t tombs = 0;        // tombstone records written
+  uint64_t min_key = 0, max_key = 0;
+  uint32_t length = 0;       // on-disk bytes of the segment
+  bool retired = false;      // no valid record left; ignored by reads and recovery
+  // Derived (DRAM only):
+  uint32_t valid = 0;        // valid records (current versions and live tombstones)
+  uint64_t valid_bytes = 0;  // logical bytes of valid non-tombstone records
+  // On-disk bytes still holding valid records (estimate: length scaled by validity).
+  double live_disk_bytes() const { return count ? static_cast<double>(length) * valid / count : 0.0; }
+};
+
+struct PageMeta {
+  bool live = false;
+  uint64_t seq = 0;
+  std::vector<SegMeta> segs;
+  SegMeta* seg(uint32_t fid) {
+    for (auto& s : segs)
+      if (s.fid == fid) return &s;
+    return nullptr;
+  }
+  uint32_t valid() const {
+    uint32_t v = 0;
+    for (const auto& s : segs) v += s.retired ? 0 : s.valid;
+    return v;
+  }
+  double live_disk_bytes() const {
+    double b = 0;
+    for (const auto& s : segs)
+      if (!s.retired) b += s.live_disk_bytes();
+    return b;
+  }
+};
+
+// Logical page id -> page record; also owns the free-slot set.
+class LogicalPageTable {
+ public:
+  PageMeta& at(uint32_t pid) { return pages_[pid]; }
+  const PageMeta& at(uint32_t pid) const { return pages_[pid]; }
+  uint32_t slots() const { return static_cast<uint32_t>(pages_.size()); }
+  uint64_t live_pages() const { return live_; }
+  void EnsureSlots(uint32_t n) {
+    if (pages_.size() < n) pages_.resize(n);
+  }
+  void MarkLive(uint32_t pid, uint64_t seq, std::vector<SegMeta> segs);
+  void MarkDead(uint32_t pid);  // the slot stays unallocatable until AddFree
+  void AddFree(uint32_t pid) { free_.insert(pid); }
+  // Allocates n slots, preferring one contiguous run so a feature's pages read sequentially.
+  std::vector<uint32_t> Allocate(uint32_t n);
+  size_t free_slots() const { return free_.size(); }
+  size_t MemoryBytes() const;
+
+ private:
+  std::vector<PageMeta> pages_;
+  std::set<uint32_t> free_;
+  uint64_t live_ = 0;
+};
+
+// Feature -> definition, key index and the live pages holding its (non-retired) segments.
+struct FeatureState {
+  FeatureDef def;
+  KeyIndex index;
+  std::vector<uint32_t> pages;  // unordered
+  uint64_t live_items = 0;      // valid non-tombstone items on disk
+  uint64_t live_bytes = 0;      // their logical bytes
+  uint64_t tombs = 0;           // live tombstone records
+  bool touched = false;         // updated by the last flush (merger candidate)
+  void RemovePages(const std::set<uint32_t>& gone);
+};
+
+class FeatureTable {
+ public:
+  FeatureState* Find(const std::string& name) {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : features_[it->second].get();
+  }
+  FeatureState* Get(uint32_t fid) { return fid < features_.size() ? features_[fid].get() : nullptr; }
+  FeatureState* Add(const FeatureDef& def);
+  std::vector<FeatureState*> All();
+  size_t MemoryBytes() const;
+
+ private:
+  std::vector<std::unique_ptr<FeatureState>> features_;  // indexed by id
+  std::unordered_map<std::string, uint32_t> by_name_;
+};
+
+struct PersistentState {
+  uint64_t next_seq = 1;
+  uint64_t wal_start = 1;
+  uint32_t next_fid = 0;
+};
+
+// RocksDB-backed persistence of the tables.
+class MetaStore {
+ public:
+  ~MetaStore();
+  // Opens (creating if `create`) the RocksDB directory.
+  Status Open(const std::string& dir, bool create);
+  void Close() { db_.reset(); }
+  Status ReadFormat(std::string* value, bool* found);
+  Status WriteFormat(const std::string& value);
+  Status LoadFeatures(std::vector<FeatureDef>* out);
+  Status LoadPages(std::vector<std::pair<uint32_t, PageMeta>>* out);
+  Status LoadState(PersistentState* st, bool* found);
+
+  static void PutFeature(rocksdb::WriteBatch* b, const FeatureDef& f);
+  static void PutPage(rocksdb::WriteBatch* b, uint32_t pid, const PageMeta& p);
+  static void DeletePage(rocksdb::WriteBatch* b, uint32_t pid);
+  static void PutState(rocksdb::WriteBatch* b, const PersistentState& st);
+  // Atomically and durably applies the batch.
+  Status Commit(rocksdb::WriteBatch* b);
+  uint64_t bytes_committed() const { return bytes_committed_; }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+  std::string dir_;
+  uint64_t bytes_committed_ = 0;
+};
+
+}  // namespace recflash

@@ -1,0 +1,54 @@
+#include "reader/csrc/page_file.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace recflash {
+
+PageFile::~PageFile() { Close(); }
+
+Status PageFile::Open(const std::string& path, uint32_t page_size, bool direct) {
+  path_ = path;
+  page_size_ = page_size;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
+  if (fd_ < 0 && direct && errno == EINVAL) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    direct = false;
+  }
+  if (fd_ < 0) return Status::FromErrno("open", path, errno);
+  direct_ = direct;
+  return Status::OK();
+}
+
+void PageFile::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Status PageFile::SlotCount(uint64_t* n) const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return Status::FromErrno("fstat", path_, errno);
+  *n = static_cast<uint64_t>(st.st_size) / page_size_;
+  return Status::OK();
+}
+
+Status PageFile::Punch(uint32_t first, uint32_t count) {
+  if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first) * page_size_,
+                  static_cast<off_t>(count) * page_size_) != 0) {
+    // Filesystems without hole punching just keep the bytes; the slot is still reused.
+    if (errno == EOPNOTSUPP) return Status::OK();
+    return Status::FromErrno("fallocate(PUNCH_HOLE)", path_, errno);
+  }
+  return Status::OK();
+}
+
+Status PageFile::Sync() {
+  if (::fdatasync(fd_) != 0) return Status::FromErrno("fdatasync", path_, errno);
+  return Status::OK();
+}
+
+}  // namespace recflash

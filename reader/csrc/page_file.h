@@ -1,0 +1,37 @@
+// PageFile: the file of logical pages, opened with O_DIRECT (falls back to buffered I/O only
+// where the filesystem refuses O_DIRECT, e.g. tmpfs, and says so in stats).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "reader/csrc/status.h"
+
+namespace recflash {
+
+class PageFile {
+ public:
+  PageFile() = default;
+  ~PageFile();
+  PageFile(const PageFile&) = delete;
+  PageFile& operator=(const PageFile&) = delete;
+
+  Status Open(const std::string& path, uint32_t page_size, bool direct);
+  void Close();
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  uint32_t page_size() const { return page_size_; }
+  bool direct() const { return direct_; }
+  // Number of page slots the file currently spans.
+  Status SlotCount(uint64_t* n) const;
+  // Releases the space of pages [first, first + count) (the file analogue of TRIM).
+  Status Punch(uint32_t first, uint32_t count);
+  Status Sync();
+
+ private:
+  int fd_ = -1;
+  bool direct_ = false;
+  uint32_t page_size_ = 0;
+  std::string path_;
+};
+
+}  // namespace recflash

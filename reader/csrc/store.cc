@@ -1,0 +1,1589 @@
+#include "reader/csrc/store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <unordered_map>
+
+namespace recflash {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMarkerName = "RECFLASH";
+constexpr const char* kMarkerMagic = "recflash store";
+constexpr int kFormatVersion = 1;
+constexpr uint8_t kOpPut = 1;
+constexpr uint8_t kOpDelete = 2;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+template <typename T>
+void Append(std::string* s, const T& v) {
+  s->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+Status SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("open", dir, errno);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno("fsync", dir, err);
+  return Status::OK();
+}
+
+// WAL payload of one put/delete call:
+//   u8 op | u32 fid | u32 n | u32 width | u64 keys[n] | (variable put) u32 lens[n] | values
+std::string EncodeBatch(uint8_t op, uint32_t fid, const uint64_t* keys, size_t n, uint32_t width,
+                        const uint8_t* values, const int64_t* offsets) {
+  std::string p;
+  Append(&p, op);
+  Append(&p, fid);
+  Append(&p, static_cast<uint32_t>(n));
+  Append(&p, width);
+  p.append(reinterpret_cast<const char*>(keys), n * 8);
+  if (op == kOpPut) {
+    if (width) {
+      p.append(reinterpret_cast<const char*>(values), n * width);
+    } else {
+      for (size_t i = 0; i < n; i++) Append(&p, static_cast<uint32_t>(offsets[i + 1] - offsets[i]));
+      p.append(reinterpret_cast<const char*>(values) + offsets[0], offsets[n] - offsets[0]);
+    }
+  }
+  return p;
+}
+
+// Buffered items of one feature re-encoded as WAL payloads (puts and deletes separately).
+void EncodeBuffered(uint32_t fid, uint32_t width, const BufferedItems& b, std::vector<std::string>* out) {
+  std::vector<uint64_t> pk, dk;
+  std::vector<uint8_t> vals;
+  std::vector<int64_t> offs{0};
+  for (size_t i = 0; i < b.size(); i++) {
+    if (b.tomb[i]) {
+      dk.push_back(b.keys[i]);
+      continue;
+    }
+    pk.push_back(b.keys[i]);
+    vals.insert(vals.end(), b.value(i), b.value(i) + b.len[i]);
+    offs.push_back(static_cast<int64_t>(vals.size()));
+  }
+  if (!pk.empty()) out->push_back(EncodeBatch(kOpPut, fid, pk.data(), pk.size(), width, vals.data(), offs.data()));
+  if (!dk.empty()) out->push_back(EncodeBatch(kOpDelete, fid, dk.data(), dk.size(), width, nullptr, nullptr));
+}
+
+class JsonWriter {
+ public:
+  void Open() { Sep(); s_ += '{'; first_ = true; }
+  void Close() { s_ += '}'; first_ = false; }
+  void Key(const std::string& k) {
+    Sep();
+    s_ += '"';
+    for (char c : k) {
+      if (c == '"' || c == '\\') s_ += '\\';
+      s_ += c;
+    }
+    s_ += "\":";
+    first_ = true;
+  }
+  void Num(double v) {
+    Sep();
+    if (!std::isfinite(v)) {
+      s_ += "null";
+    } else if (v == std::floor(v) && std::fabs(v) < 9e15) {
+      s_ += std::to_string(static_cast<long long>(v));
+    } else {
+      std::ostringstream o;
+      o.precision(6);
+      o << v;
+      s_ += o.str();
+    }
+  }
+  void Str(const std::string& v) {
+    Sep();
+    s_ += '"' + v + '"';
+  }
+  void Bool(bool v) { Sep(); s_ += v ? "true" : "false"; }
+  void KV(const std::string& k, double v) { Key(k); Num(v); }
+  std::string str() const { return s_; }
+
+ private:
+  void Sep() {
+    if (!first_) s_ += ',';
+    first_ = false;
+  }
+  std::string s_;
+  bool first_ = true;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Internal types
+
+struct Store::WriteOp {
+  std::string payload;  // WAL payload
+  uint32_t fid = 0;
+  const uint64_t* keys = nullptr;
+  size_t n = 0;
+  const uint8_t* values = nullptr;
+  const int64_t* offsets = nullptr;
+  uint32_t width = 0;
+  bool tomb = false;
+  bool sync = false;
+  bool done = false;
+  Status status;
+  std::condition_variable cv;
+};
+
+struct Store::Rec {
+  uint32_t fid;
+  uint64_t key;
+  bool tomb;
+  const uint8_t* value;
+  uint32_t len;
+  int64_t pos;  // KeyIndex position of the current version, or kAbsent
+};
+
+class Store::ReaderGuard {
+ public:
+  ReaderGuard(Store* s, uint64_t v) : s_(s), v_(v) {}
+  ~ReaderGuard() {
+    std::lock_guard<std::mutex> l(s_->mu_);
+    s_->readers_.erase(s_->readers_.find(v_));
+    s_->readers_cv_.notify_all();
+  }
+
+ private:
+  Store* s_;
+  uint64_t v_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Open / recovery
+
+Store::Store(const StoreOptions& o)
+    : o_(o), pinner_(o.pinner), merger_(o.merger), reclaimer_(o.reclaim) {}
+
+Store::~Store() {
+  if (!closed_) Close();
+}
+
+Status Store::Open(const std::string& path, const StoreOptions& options, std::unique_ptr<Store>* out) {
+  std::unique_ptr<Store> s(new Store(options));
+  Status st = s->OpenImpl(path);
+  if (!st.ok()) {
+    s->closed_ = true;  // nothing to flush
+    return st;
+  }
+  *out = std::move(s);
+  return Status::OK();
+}
+
+Status Store::OpenImpl(const std::string& path) {
+  const uint32_t ps = o_.page_size;
+  if (ps < 4096 || ps > (1u << 20) || (ps & (ps - 1)) != 0)
+    return Status::InvalidArgument("page_size " + std::to_string(ps) + " must be a power of two in [4096, 1 MiB]");
+  if (o_.write_buffer_bytes < 4ull * ps)
+    return Status::InvalidArgument("write_buffer_bytes " + std::to_string(o_.write_buffer_bytes) +
+                                   " must be at least 4 pages (" + std::to_string(4ull * ps) + ")");
+  if (o_.queue_depth < 1 || o_.queue_depth > 4096) return Status::InvalidArgument("queue_depth must be in [1, 4096]");
+  path_ = path;
+  std::error_code ec;
+  const fs::path root(path);
+  if (fs::exists(root, ec) && !fs::is_directory(root, ec))
+    return Status::NotAStore("'" + path + "' is not a recflash store: it exists and is not a directory");
+  if (!fs::exists(root, ec)) {
+    fs::create_directories(root, ec);
+    if (ec) return Status::IOError("cannot create store directory '" + path + "': " + ec.message());
+  }
+  const fs::path marker = root / kMarkerName;
+  if (!fs::exists(marker, ec)) {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      if (found.size() < 5) found.push_back(e.path().filename().string());
+    }
+    if (!found.empty()) {
+      std::string list;
+      for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
+      return Status::NotAStore("'" + path + "' is not a recflash store: no " + kMarkerName +
+                               " marker, and the directory is not empty (" + list + ")");
+    }
+    const std::string tmp = (root / "RECFLASH.tmp").string();
+    {
+      std::ofstream m(tmp, std::ios::trunc);
+      m << kMarkerMagic << "\nformat " << kFormatVersion << "\npage_size " << ps << "\n";
+      m.flush();
+      if (!m) return Status::IOError("cannot write '" + tmp + "'");
+    }
+    if (::rename(tmp.c_str(), marker.c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
+    RF_RETURN_IF_ERROR(SyncDir(path));
+  } else {
+    std::ifstream m(marker);
+    std::string line, magic;
+    int format = -1;
+    uint32_t stored_ps = 0;
+    std::getline(m, magic);
+    while (std::getline(m, line)) {
+      std::istringstream ls(line);
+      std::string k;
+      ls >> k;
+      if (k == "format") ls >> format;
+      if (k == "page_size") ls >> stored_ps;
+    }
+    if (magic != kMarkerMagic || format < 0 || stored_ps == 0)
+      return Status::NotAStore("'" + path + "' is not a recflash store: " + marker.string() + " is malformed");
+    if (format != kFormatVersion)
+      return Status::NotAStore("'" + path + "' has store format " + std::to_string(format) + "; this build reads format " +
+                               std::to_string(kFormatVersion));
+    o_.page_size = stored_ps;  // the page size is fixed at creation
+  }
+
+  const std::string lock_path = (root / "LOCK").string();
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) return Status::FromErrno("open", lock_path, errno);
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    return Status::Locked("store '" + path + "' is already open for writing (its LOCK is held by another process or "
+                          "another Store object in this process)");
+  }
+
+  wal_dir_ = (root / "wal").string();
+  fs::create_directories(wal_dir_, ec);
+  if (ec) return Status::IOError("cannot create '" + wal_dir_ + "': " + ec.message());
+  RF_RETURN_IF_ERROR(meta_.Open((root / "meta").string(), true));
+  pages_path_ = (root / "pages.dat").string();
+  RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io));
+  const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
+  rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
+  RF_RETURN_IF_ERROR(IoRing::Create(o_.queue_depth, slot_bytes, &write_ring_));
+  return Recover();
+}
+
+Status Store::Recover() {
+  const double t0 = Now();
+  bool found = false;
+  RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
+  std::vector<FeatureDef> defs;
+  RF_RETURN_IF_ERROR(meta_.LoadFeatures(&defs));
+  for (const auto& d : defs) {
+    FeatureState* f = features_.Add(d);
+    f->index.track_lengths(d.variable());
+    defs_[d.name] = d;
+  }
+  std::vector<std::pair<uint32_t, PageMeta>> pages;
+  RF_RETURN_IF_ERROR(meta_.LoadPages(&pages));
+  uint32_t max_pid = 0;
+  for (auto& [pid, pm] : pages) {
+    for (const auto& s : pm.segs)
+      if (!features_.Get(s.fid))
+        return Status::Corruption("page record " + std::to_string(pid) + " names unknown feature id " +
+                                  std::to_string(s.fid) + " in '" + path_ + "'");
+    pages_.MarkLive(pid, pm.seq, std::move(pm.segs));
+    max_pid = std::max(max_pid, pid + 1);
+  }
+  uint64_t slots = 0;
+  RF_RETURN_IF_ERROR(file_.SlotCount(&slots));
+  pages_.EnsureSlots(static_cast<uint32_t>(std::max<uint64_t>(slots, max_pid)));
+  for (uint32_t p = 0; p < pages_.slots(); p++)
+    if (!pages_.at(p).live) pages_.AddFree(p);
+
+  RF_RETURN_IF_ERROR(RebuildFromPages());
+
+  uint64_t max_no = 0;
+  RF_RETURN_IF_ERROR(ReplayWal(&max_no));
+  wal_number_ = std::max(max_no, pstate_.wal_start - 1) + 1;
+  RF_RETURN_IF_ERROR(wal_.Open(WalFileName(wal_dir_, wal_number_)));
+  RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
+  current_ = BuildVersion(1);
+  recovery_seconds_ = Now() - t0;
+  std::lock_guard<std::mutex> wl(write_mu_);
+  if (buffer_.bytes() >= o_.write_buffer_bytes) return FlushLocked(false);
+  return Status::OK();
+}
+
+Status Store::RebuildFromPages() {
+  struct R {
+    uint64_t key;
+    uint64_t seq;
+    uint32_t pid;
+    uint32_t len;
+    bool tomb;
+  };
+  std::vector<std::vector<R>> recs(features_.All().empty() ? 0 : features_.All().back()->def.id + 1);
+  std::vector<uint32_t> live;
+  for (uint32_t p = 0; p < pages_.slots(); p++)
+    if (pages_.at(p).live) live.push_back(p);
+  const uint32_t ps = o_.page_size;
+  std::vector<uint64_t> keys;
+  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
+    for (uint32_t k = 0; k < run.count; k++) {
+      const uint32_t pid = run.first + k;
+      PageView pv;
+      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
+      PageMeta& pm = pages_.at(pid);
+      if (pv.seq() != pm.seq)
+        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' has seq " +
+                                  std::to_string(pv.seq()) + " but the metadata expects " + std::to_string(pm.seq));
+      for (auto& sm : pm.segs) {
+        if (sm.retired) continue;
+        SegmentView sv;
+        if (!pv.Find(sm.fid, &sv) || sv.count != sm.count)
+          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                    "' does not hold the segment of feature id " + std::to_string(sm.fid) +
+                                    " its metadata lists");
+        const FeatureDef& def = features_.Get(sm.fid)->def;
+        sv.width = def.fixed_width();
+        keys.resize(sv.count);
+        sv.DecodeKeys(keys.data());
+        auto& out = recs[sm.fid];
+        for (uint32_t i = 0; i < sv.count; i++) {
+          const uint8_t* v;
+          uint32_t len;
+          sv.Value(i, &v, &len);
+          out.push_back({keys[i], pv.seq(), pid, sv.is_tomb(i) ? 0u : len, sv.is_tomb(i)});
+        }
+      }
+    }
+    return Status::OK();
+  };
+  if (!live.empty()) {
+    auto runs = CoalescePages(live, write_ring_->slot_bytes() / ps);
+    RF_RETURN_IF_ERROR(write_ring_->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+    pages_read_ += live.size();
+    bytes_read_ += static_cast<uint64_t>(live.size()) * ps;
+  }
+  // Highest seq wins per key.
+  for (uint32_t fid = 0; fid < recs.size(); fid++) {
+    auto& v = recs[fid];
+    if (v.empty()) continue;
+    FeatureState* f = features_.Get(fid);
+    std::sort(v.begin(), v.end(), [](const R& a, const R& b) { return a.key < b.key || (a.key == b.key && a.seq > b.seq); });
+    std::vector<uint64_t> k;
+    std::vector<uint32_t> l, n;
+    for (size_t i = 0; i < v.size(); i++) {
+      if (i > 0 && v[i].key == v[i - 1].key) continue;
+      const R& r = v[i];
+      k.push_back(r.key);
+      l.push_back(r.pid | (r.tomb ? KeyIndex::kTomb : 0));
+      n.push_back(r.len);
+      SegMeta* sm = pages_.at(r.pid).seg(fid);
+      sm->valid++;
+      if (r.tomb) {
+        f->tombs++;
+      } else {
+        sm->valid_bytes += ItemBytes(r.len);
+        f->live_items++;
+        f->live_bytes += ItemBytes(r.len);
+      }
+    }
+    f->index.InsertNew(k, l, n);
+    std::vector<R>().swap(v);
+  }
+  // Segments that lost every record to newer versions are retired; empty pages freed.
+  std::set<uint32_t> dirty, freed;
+  for (uint32_t pid : live) {
+    PageMeta& pm = pages_.at(pid);
+    for (auto& sm : pm.segs) {
+      if (sm.retired) continue;
+      if (sm.valid == 0) {
+        sm.retired = true;
+        dirty.insert(pid);
+      } else {
+        features_.Get(sm.fid)->pages.push_back(pid);
+      }
+    }
+    if (pm.valid() == 0) {
+      dirty.erase(pid);
+      freed.insert(pid);
+    }
+  }
+  if (!dirty.empty() || !freed.empty()) {
+    RF_RETURN_IF_ERROR(CommitLocked(dirty, freed));
+    for (uint32_t p : freed) pages_.AddFree(p);
+  }
+  return Status::OK();
+}
+
+Status Store::ReplayWal(uint64_t* max_number) {
+  std::vector<uint64_t> numbers;
+  RF_RETURN_IF_ERROR(ListWalFiles(wal_dir_, &numbers));
+  *max_number = 0;
+  for (uint64_t no : numbers) {
+    const std::string name = WalFileName(wal_dir_, no);
+    *max_number = std::max(*max_number, no);
+    if (no < pstate_.wal_start) {
+      ::unlink(name.c_str());  // its items are in committed pages
+      continue;
+    }
+    bool torn = false;
+    RF_RETURN_IF_ERROR(ReadWalFile(
+        name,
+        [&](uint8_t type, const std::string& p) -> Status {
+          if (type != kWalBatch) return Status::Corruption("unknown WAL record type in '" + name + "'");
+          if (p.size() < 13) return Status::Corruption("short WAL record in '" + name + "'");
+          uint8_t op = static_cast<uint8_t>(p[0]);
+          uint32_t fid, n, width;
+          std::memcpy(&fid, p.data() + 1, 4);
+          std::memcpy(&n, p.data() + 5, 4);
+          std::memcpy(&width, p.data() + 9, 4);
+          FeatureState* f = features_.Get(fid);
+          if (!f) return Status::Corruption("WAL record in '" + name + "' names unknown feature id " + std::to_string(fid));
+          size_t pos = 13;
+          if (p.size() < pos + 8ull * n) return Status::Corruption("truncated WAL record in '" + name + "'");
+          std::vector<uint64_t> keys(n);
+          std::memcpy(keys.data(), p.data() + pos, 8ull * n);
+          pos += 8ull * n;
+          FeatureBuffer& fb = buffer_.feature(fid);
+          if (op == kOpDelete) {
+            fb.Append(keys.data(), n, nullptr, nullptr, width, true);
+          } else if (width) {
+            if (p.size() < pos + static_cast<size_t>(n) * width) return Status::Corruption("truncated WAL record in '" + name + "'");
+            fb.Append(keys.data(), n, reinterpret_cast<const uint8_t*>(p.data() + pos), nullptr, width, false);
+          } else {
+            std::vector<int64_t> offs(n + 1, 0);
+            for (uint32_t i = 0; i < n; i++) {
+              uint32_t len;
+              std::memcpy(&len, p.data() + pos + 4ull * i, 4);
+              offs[i + 1] = offs[i] + len;
+            }
+            pos += 4ull * n;
+            if (p.size() < pos + static_cast<size_t>(offs[n])) return Status::Corruption("truncated WAL record in '" + name + "'");
+            fb.Append(keys.data(), n, reinterpret_cast<const uint8_t*>(p.data() + pos), offs.data(), 0, false);
+          }
+          recovered_wal_records_++;
+          return Status::OK();
+        },
+        &torn));
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------
+// Features
+
+Status Store::CheckOpen() {
+  if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+  return Status::OK();
+}
+
+Status Store::FeatureFor(const std::string& name, FeatureDef* def) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = defs_.find(name);
+  if (it == defs_.end()) {
+    std::string known;
+    int shown = 0;
+    for (const auto& [n, d] : defs_) {
+      if (shown++ == 8) {
+        known += ", ...";
+        break;
+      }
+      known += (known.empty() ? "" : ", ") + n;
+    }
+    return Status::UnknownFeature("unknown feature '" + name + "' in store '" + path_ + "' (known: " +
+                                  (known.empty() ? "none" : known) + ")");
+  }
+  *def = it->second;
+  return Status::OK();
+}
+
+Status Store::CreateFeature(const std::string& name, const std::string& type, FeatureDef* out) {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  if (name.empty() || name.size() > 255)
+    return Status::InvalidArgument("feature name must be 1..255 bytes, got " + std::to_string(name.size()));
+  ValueType vt;
+  uint32_t dim;
+  RF_RETURN_IF_ERROR(ParseValueType(type, &vt, &dim));
+  std::lock_guard<std::mutex> wl(write_mu_);
+  if (FeatureState* f = features_.Find(name)) {
+    if (f->def.type == vt && f->def.dim == dim) {
+      *out = f->def;
+      return Status::OK();
+    }
+    return Status::FeatureExists("feature '" + name + "' already exists in store '" + path_ + "' with type " +
+                                 f->def.TypeString() + ", not " + type);
+  }
+  FeatureDef d;
+  d.id = pstate_.next_fid;
+  d.name = name;
+  d.type = vt;
+  d.dim = dim;
+  if (d.fixed_width() > PageBuilder::MaxValueBytes(o_.page_size))
+    return Status::TooLarge("feature '" + name + "': a " + type + " value is " + std::to_string(d.fixed_width()) +
+                            " bytes, more than a page of " + std::to_string(o_.page_size) + " bytes holds (" +
+                            std::to_string(PageBuilder::MaxValueBytes(o_.page_size)) + ")");
+  PersistentState next = pstate_;
+  next.next_fid++;
+  rocksdb::WriteBatch b;
+  MetaStore::PutFeature(&b, d);
+  MetaStore::PutState(&b, next);
+  RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  pstate_ = next;
+  FeatureState* f = features_.Add(d);
+  f->index.track_lengths(d.variable());
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    defs_[name] = d;
+  }
+  *out = d;
+  return Status::OK();
+}
+
+Status Store::LookupFeature(const std::string& name, FeatureDef* out) {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  return FeatureFor(name, out);
+}
+
+std::vector<FeatureDef> Store::Features() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<FeatureDef> v;
+  for (const auto& [n, d] : defs_) v.push_back(d);
+  std::sort(v.begin(), v.end(), [](const FeatureDef& a, const FeatureDef& b) { return a.id < b.id; });
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------
+// Write path
+
+Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values,
+                  size_t values_len, const int64_t* offsets) {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
+  if (n == 0) return Status::OK();
+  const uint32_t width = def.fixed_width();
+  const uint32_t max_value = PageBuilder::MaxValueBytes(o_.page_size);
+  if (width) {
+    if (values_len != n * width)
+      return Status::InvalidArgument("feature '" + feature + "': " + std::to_string(n) + " keys need " +
+                                     std::to_string(n * width) + " value bytes, got " + std::to_string(values_len));
+  } else {
+    if (!offsets) return Status::InvalidArgument("feature '" + feature + "': variable-width values need offsets");
+    const uint32_t elem = def.element_size();
+    if (offsets[0] < 0 || static_cast<size_t>(offsets[n]) > values_len)
+      return Status::InvalidArgument("feature '" + feature + "': value offsets out of bounds");
+    for (size_t i = 0; i < n; i++) {
+      const int64_t len = offsets[i + 1] - offsets[i];
+      if (len < 0) return Status::InvalidArgument("feature '" + feature + "': value offsets decrease at item " + std::to_string(i));
+      if (len % elem) return Status::Schema("feature '" + feature + "': value of key " + std::to_string(keys[i]) +
+                                            " is not a whole number of elements");
+      if (len > max_value)
+        return Status::TooLarge("feature '" + feature + "': the value of key " + std::to_string(keys[i]) + " is " +
+                                std::to_string(len) + " bytes; a page of " + std::to_string(o_.page_size) +
+                                " bytes holds at most " + std::to_string(max_value));
+    }
+  }
+  WriteOp w;
+  w.payload = EncodeBatch(kOpPut, def.id, keys, n, width, values, offsets);
+  w.fid = def.id;
+  w.keys = keys;
+  w.n = n;
+  w.values = values;
+  w.offsets = offsets;
+  w.width = width;
+  return Write(&w);
+}
+
+Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n) {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
+  if (n == 0) return Status::OK();
+  WriteOp w;
+  w.payload = EncodeBatch(kOpDelete, def.id, keys, n, def.fixed_width(), nullptr, nullptr);
+  w.fid = def.id;
+  w.keys = keys;
+  w.n = n;
+  w.width = def.fixed_width();
+  w.tomb = true;
+  return Write(&w);
+}
+
+Status Store::Write(WriteOp* w) {
+  std::unique_lock<std::mutex> ql(queue_mu_);
+  writers_.push_back(w);
+  while (!w->done && writers_.front() != w) w->cv.wait(ql);
+  if (w->done) return w->status;
+  // This writer leads a group: everything queued behind it goes into one WAL write.
+  std::vector<WriteOp*> group;
+  size_t bytes = 0;
+  for (WriteOp* x : writers_) {
+    if (!group.empty() && bytes + x->payload.size() > (8u << 20)) break;
+    group.push_back(x);
+    bytes += x->payload.size();
+  }
+  ql.unlock();
+
+  Status s;
+  {
+    std::lock_guard<std::mutex> wl(write_mu_);
+    s = closed_ ? Status::Closed("store '" + path_ + "' is closed") : bg_error_;
+    bool sync = o_.sync_on_write;
+    for (WriteOp* x : group) {
+      if (!s.ok()) break;
+      s = wal_.Append(kWalBatch, x->payload);
+      sync = sync || x->sync;
+    }
+    if (s.ok() && sync) s = wal_.Sync();
+    if (s.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      for (WriteOp* x : group)
+        buffer_.feature(x->fid).Append(x->keys, x->n, x->values, x->offsets, x->width, x->tomb);
+    }
+    if (s.ok()) {
+      uint64_t buffered;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        buffered = buffer_.bytes();
+      }
+      if (buffered >= o_.write_buffer_bytes) s = FlushLocked(false);
+    }
+  }
+
+  ql.lock();
+  for (WriteOp* x : group) {
+    writers_.pop_front();
+    x->status = s;
+    x->done = true;
+    if (x != w) x->cv.notify_one();
+  }
+  if (!writers_.empty()) writers_.front()->cv.notify_one();
+  return s;
+}
+
+Status Store::Sync() {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  std::lock_guard<std::mutex> wl(write_mu_);
+  RF_RETURN_IF_ERROR(bg_error_);
+  return wal_.Sync();
+}
+
+Status Store::Flush(bool force) {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  std::lock_guard<std::mutex> wl(write_mu_);
+  return FlushLocked(force);
+}
+
+Status Store::FlushLocked(bool force) {
+  RF_RETURN_IF_ERROR(bg_error_);
+  std::vector<uint32_t> write_fids;
+  std::set<uint32_t> pinned;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<PinCandidate> cands;
+    for (auto& [fid, fb] : buffer_.all()) {
+      fb.Normalize();
+      if (fb.size()) cands.push_back({fid, fb.size(), fb.bytes(), fb.pinned_flushes});
+    }
+    if (!force)
+      for (uint32_t fid : pinner_.Choose(cands, o_.write_buffer_bytes, o_.page_size)) pinned.insert(fid);
+    for (const auto& c : cands)
+      if (!pinned.count(c.fid)) write_fids.push_back(c.fid);
+  }
+  // Everything acknowledged so far becomes durable first (flush is a durability point).
+  Status s = wal_.Sync();
+  if (!s.ok()) return bg_error_ = s;
+  if (write_fids.empty()) return Status::OK();
+
+  // Start a new WAL file holding only what stays pinned; once this flush commits, the older
+  // files are obsolete.
+  const uint64_t new_wal = wal_number_ + 1;
+  s = wal_.Open(WalFileName(wal_dir_, new_wal));
+  if (s.ok()) {
+    for (uint32_t fid : pinned) {
+      std::vector<std::string> payloads;
+      EncodeBuffered(fid, features_.Get(fid)->def.fixed_width(), buffer_.find(fid)->items(), &payloads);
+      for (const auto& p : payloads)
+        if (s.ok()) s = wal_.Append(kWalBatch, p);
+    }
+  }
+  if (s.ok()) s = wal_.Sync();
+  if (s.ok()) s = SyncDir(wal_dir_);
+  if (!s.ok()) return bg_error_ = s;
+  wal_number_ = new_wal;
+
+  // Items are written grouped by feature, ascending keys. The buffer is not modified until
+  // the new version is installed (no writer runs: we hold write_mu_), so records point into it.
+  std::vector<Rec> recs;
+  for (uint32_t fid : write_fids) {
+    FeatureState* f = features_.Get(fid);
+    const BufferedItems& b = buffer_.find(fid)->items();
+    size_t hint = 0;
+    for (size_t i = 0; i < b.size(); i++) {
+      const int64_t pos = f->index.FindFrom(b.keys[i], &hint);
+      user_bytes_written_ += ItemBytes(b.len[i]);
+      if (b.tomb[i] && pos == KeyIndex::kAbsent) continue;  // nothing on disk to hide
+      if (b.tomb[i] && pos != KeyIndex::kAbsent && (f->index.loc(pos) & KeyIndex::kTomb)) continue;  // already deleted
+      recs.push_back({fid, b.keys[i], b.tomb[i] != 0, b.value(i), b.len[i], pos});
+    }
+    f->touched = true;
+  }
+  std::set<uint32_t> dirty, freed;
+  uint64_t pw = 0;
+  s = WriteRecordsLocked(recs, &dirty, &freed, &pw);
+  flush_pages_written_ += pw;
+  if (s.ok()) {
+    pstate_.wal_start = new_wal;
+    s = CommitLocked(dirty, freed);
+  }
+  if (!s.ok()) return bg_error_ = s;
+  {
+    // Install: the flushed items leave the buffer in the same step that the version naming
+    // their pages appears, so readers see them exactly once.
+    auto v = BuildVersion(current_->number + 1);
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint32_t fid : write_fids) buffer_.Erase(fid);
+    for (uint32_t fid : pinned) buffer_.find(fid)->pinned_flushes++;
+    current_ = v;
+    for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
+  }
+  std::vector<uint64_t> numbers;
+  if (ListWalFiles(wal_dir_, &numbers).ok())
+    for (uint64_t no : numbers)
+      if (no < new_wal) ::unlink(WalFileName(wal_dir_, no).c_str());
+  flushes_++;
+  ReleasePendingLocked();
+  s = MaintainLocked();
+  if (!s.ok()) return bg_error_ = s;
+  return Status::OK();
+}
+
+void Store::InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed) {
+  const uint32_t loc = f->index.loc(pos);
+  const uint32_t pid = loc & ~KeyIndex::kTomb;
+  PageMeta& pm = pages_.at(pid);
+  SegMeta* sm = pm.seg(f->def.id);
+  sm->valid--;
+  if (loc & KeyIndex::kTomb) {
+    f->tombs--;
+  } else {
+    const uint64_t b = ItemBytes(f->def.variable() ? f->index.len(pos) : f->def.fixed_width());
+    sm->valid_bytes -= b;
+    f->live_items--;
+    f->live_bytes -= b;
+  }
+  if (sm->valid == 0) {
+    sm->retired = true;
+    auto it = std::find(f->pages.begin(), f->pages.end(), pid);
+    if (it != f->pages.end()) {
+      *it = f->pages.back();
+      f->pages.pop_back();
+    }
+    if (pm.valid() == 0) {
+      dirty->erase(pid);
+      freed->insert(pid);
+    } else {
+      dirty->insert(pid);
+    }
+  }
+}
+
+Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed,
+                                 uint64_t* pages_written) {
+  *pages_written = 0;
+  if (recs.empty()) return Status::OK();
+  const uint32_t ps = o_.page_size;
+  constexpr uint32_t kBlockPages = 32;
+  std::vector<AlignedBuffer> blocks;
+  std::vector<std::vector<SegmentSummary>> summaries;
+  std::vector<uint64_t> seqs;
+  std::vector<uint32_t> rec_page(recs.size());
+  PageBuilder pb(ps);
+  auto page_ptr = [&](size_t i) { return blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps); };
+  auto finish = [&]() {
+    const size_t i = summaries.size();
+    if (i % kBlockPages == 0) blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
+    summaries.emplace_back();
+    seqs.push_back(pstate_.next_seq++);
+    pb.Finish(page_ptr(i), seqs.back(), 0, &summaries.back());
+    pb.Reset();
+  };
+  for (size_t r = 0; r < recs.size(); r++) {
+    const Rec& x = recs[r];
+    const FeatureDef& def = features_.Get(x.fid)->def;
+    if (!pb.Add(def, x.key, x.value, x.len, x.tomb)) {
+      finish();
+      if (!pb.Add(def, x.key, x.value, x.len, x.tomb))
+        return Status::TooLarge("feature '" + def.name + "': the value of key " + std::to_string(x.key) +
+                                " does not fit in a page");
+    }
+    rec_page[r] = static_cast<uint32_t>(summaries.size());
+  }
+  finish();
+  const size_t npages = summaries.size();
+  const std::vector<uint32_t> ids = pages_.Allocate(static_cast<uint32_t>(npages));
+  for (size_t i = 0; i < npages; i++) StampPageId(page_ptr(i), ps, ids[i]);
+  // Runs of consecutive ids within one block go out as one write.
+  std::vector<PageRun> runs;
+  std::vector<const uint8_t*> src;
+  const uint32_t max_run = std::max(1u, o_.max_io_bytes / ps);
+  for (size_t i = 0; i < npages; i++) {
+    if (!runs.empty() && ids[i] == runs.back().first + runs.back().count && i % kBlockPages != 0 &&
+        runs.back().count < max_run) {
+      runs.back().count++;
+    } else {
+      runs.push_back({ids[i], 1});
+      src.push_back(page_ptr(i));
+    }
+  }
+  RF_RETURN_IF_ERROR(write_ring_->WriteRuns(file_.fd(), pages_path_, ps, runs, src));
+  RF_RETURN_IF_ERROR(file_.Sync());
+  pages_written_ += npages;
+  bytes_written_ += npages * static_cast<uint64_t>(ps);
+  *pages_written = npages;
+
+  // The pages are durable: update the tables (committed to RocksDB by the caller).
+  for (size_t i = 0; i < npages; i++) {
+    std::vector<SegMeta> segs;
+    for (const auto& s : summaries[i]) {
+      SegMeta m;
+      m.fid = s.feature_id;
+      m.count = s.count;
+      m.tombs = s.tombs;
+      m.min_key = s.min_key;
+      m.max_key = s.max_key;
+      m.length = s.length;
+      m.valid = s.count;
+      m.valid_bytes = s.item_bytes;
+      segs.push_back(m);
+      features_.Get(s.feature_id)->pages.push_back(ids[i]);
+    }
+    pages_.MarkLive(ids[i], seqs[i], std::move(segs));
+    dirty->insert(ids[i]);
+  }
+  std::vector<uint64_t> new_keys;
+  std::vector<uint32_t> new_locs, new_lens;
+  for (size_t r = 0; r < recs.size(); r++) {
+    const Rec& x = recs[r];
+    FeatureState* f = features_.Get(x.fid);
+    const uint32_t loc = ids[rec_page[r]] | (x.tomb ? KeyIndex::kTomb : 0);
+    if (x.tomb) {
+      f->tombs++;
+    } else {
+      f->live_items++;
+      f->live_bytes += ItemBytes(x.len);
+    }
+    if (x.pos != KeyIndex::kAbsent) {
+      InvalidateLocked(f, static_cast<size_t>(x.pos), dirty, freed);
+      f->index.set_loc(static_cast<size_t>(x.pos), loc);
+      f->index.set_len(static_cast<size_t>(x.pos), x.tomb ? 0 : x.len);
+    } else {
+      new_keys.push_back(x.key);
+      new_locs.push_back(loc);
+      new_lens.push_back(x.tomb ? 0 : x.len);
+    }
+    const bool last_of_feature = r + 1 == recs.size() || recs[r + 1].fid != x.fid;
+    if (last_of_feature && !new_keys.empty()) {
+      f->index.InsertNew(new_keys, new_locs, new_lens);
+      new_keys.clear();
+      new_locs.clear();
+      new_lens.clear();
+    }
+  }
+  return Status::OK();
+}
+
+Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) {
+  rocksdb::WriteBatch b;
+  for (uint32_t p : dirty)
+    if (pages_.at(p).live) MetaStore::PutPage(&b, p, pages_.at(p));
+  for (uint32_t p : freed) MetaStore::DeletePage(&b, p);
+  MetaStore::PutState(&b, pstate_);
+  RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  for (uint32_t p : freed) pages_.MarkDead(p);
+  return Status::OK();
+}
+
+void Store::ReleasePendingLocked() {
+  std::vector<uint32_t> release;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const uint64_t oldest = readers_.empty() ? UINT64_MAX : *readers_.begin();
+    auto it = std::partition(pending_free_.begin(), pending_free_.end(),
+                             [&](const std::pair<uint64_t, uint32_t>& e) { return e.first > oldest; });
+    for (auto j = it; j != pending_free_.end(); ++j) release.push_back(j->second);
+    pending_free_.erase(it, pending_free_.end());
+  }
+  std::sort(release.begin(), release.end());
+  for (const PageRun& r : CoalescePages(release, UINT32_MAX)) {
+    file_.Punch(r.first, r.count);  // best effort: the slot is reusable either way
+    for (uint32_t i = 0; i < r.count; i++) pages_.AddFree(r.first + i);
+  }
+}
+
+std::shared_ptr<const Version> Store::BuildVersion(uint64_t number) {
+  auto v = std::make_shared<Version>();
+  v->number = number;
+  for (FeatureState* f : features_.All()) {
+    if (v->features.size() <= f->def.id) v->features.resize(f->def.id + 1);
+    auto refs = std::make_shared<std::vector<PageRef>>();
+    refs->reserve(f->pages.size());
+    for (uint32_t p : f->pages) {
+      const PageMeta& pm = pages_.at(p);
+      for (const auto& s : pm.segs)
+        if (s.fid == f->def.id && !s.retired && s.valid > 0)
+          refs->push_back({p, s.count, s.valid, pm.seq, s.min_key, s.max_key});
+    }
+    std::sort(refs->begin(), refs->end(), [](const PageRef& a, const PageRef& b) {
+      return a.min_key < b.min_key || (a.min_key == b.min_key && a.page < b.page);
+    });
+    v->features[f->def.id] = std::move(refs);
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------
+// Merger and reclamation
+
+Status Store::MaintainLocked() {
+  std::vector<FeatureState*> touched;
+  for (FeatureState* f : features_.All())
+    if (f->touched) {
+      touched.push_back(f);
+      f->touched = false;
+    }
+  std::vector<MoveTask> tasks = merger_.Plan(touched, pages_, o_.page_size);
+  if (!tasks.empty()) RF_RETURN_IF_ERROR(RewriteLocked(tasks, true));
+  tasks = reclaimer_.Plan(pages_, o_.page_size);
+  if (!tasks.empty()) RF_RETURN_IF_ERROR(RewriteLocked(tasks, false));
+  return Status::OK();
+}
+
+Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
+  const uint32_t ps = o_.page_size;
+  std::map<uint32_t, std::vector<uint32_t>> want;  // page -> features to move out of it
+  for (const auto& t : tasks) want[t.page].push_back(t.fid);
+  std::vector<uint32_t> pids;
+  for (const auto& [p, f] : want) pids.push_back(p);
+
+  struct Moved {
+    uint32_t fid;
+    uint64_t key;
+    bool tomb;
+    uint64_t off;
+    uint32_t len;
+    int64_t pos;
+  };
+  std::vector<Moved> moved;
+  std::vector<uint8_t> arena;
+  std::map<uint32_t, std::set<uint32_t>> src_pages;  // fid -> pages its records leave
+  std::vector<uint64_t> keys;
+  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
+    for (uint32_t k = 0; k < run.count; k++) {
+      const uint32_t pid = run.first + k;
+      PageView pv;
+      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
+      const auto& wf = want[pid];
+      const bool all = std::find(wf.begin(), wf.end(), MoveTask::kAllFeatures) != wf.end();
+      for (uint32_t si = 0; si < pv.nseg(); si++) {
+        SegmentView sv = pv.Segment(si);
+        if (!all && std::find(wf.begin(), wf.end(), sv.feature_id) == wf.end()) continue;
+        SegMeta* sm = pages_.at(pid).seg(sv.feature_id);
+        if (!sm || sm->retired) continue;
+        FeatureState* f = features_.Get(sv.feature_id);
+        sv.width = f->def.fixed_width();
+        keys.resize(sv.count);
+        sv.DecodeKeys(keys.data());
+        size_t hint = 0;
+        for (uint32_t i = 0; i < sv.count; i++) {
+          const int64_t pos = f->index.FindFrom(keys[i], &hint);
+          if (pos == KeyIndex::kAbsent || (f->index.loc(pos) & ~KeyIndex::kTomb) != pid) continue;  // stale
+          const uint8_t* v;
+          uint32_t len;
+          sv.Value(i, &v, &len);
+          const bool tomb = (f->index.loc(pos) & KeyIndex::kTomb) != 0;
+          if (tomb) len = 0;
+          moved.push_back({sv.feature_id, keys[i], tomb, arena.size(), len, pos});
+          arena.insert(arena.end(), v, v + len);
+        }
+        src_pages[sv.feature_id].insert(pid);
+      }
+    }
+    return Status::OK();
+  };
+  auto runs = CoalescePages(pids, write_ring_->slot_bytes() / ps);
+  RF_RETURN_IF_ERROR(write_ring_->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+  pages_read_ += pids.size();
+  bytes_read_ += pids.size() * static_cast<uint64_t>(ps);
+
+  std::sort(moved.begin(), moved.end(),
+            [](const Moved& a, const Moved& b) { return a.fid < b.fid || (a.fid == b.fid && a.key < b.key); });
+  // A tombstone can go once no other live segment of its feature could still hold an older
+  // version of the key (recovery would otherwise resurrect it).
+  std::vector<Rec> recs;
+  std::map<uint32_t, std::vector<size_t>> drop;  // fid -> index positions of dropped tombstones
+  for (const Moved& m : moved) {
+    if (m.tomb) {
+      FeatureState* f = features_.Get(m.fid);
+      const auto& src = src_pages[m.fid];
+      bool covered = false;
+      for (uint32_t p : f->pages) {
+        if (src.count(p)) continue;
+        const SegMeta* s = pages_.at(p).seg(m.fid);
+        if (s && !s->retired && s->min_key <= m.key && m.key <= s->max_key) {
+          covered = true;
+          break;
+        }
+      }
+      if (!covered) {
+        drop[m.fid].push_back(static_cast<size_t>(m.pos));
+        continue;
+      }
+    }
+    recs.push_back({m.fid, m.key, m.tomb, arena.data() + m.off, m.len, m.pos});
+  }
+  std::set<uint32_t> dirty, freed;
+  uint64_t pw = 0;
+  RF_RETURN_IF_ERROR(WriteRecordsLocked(recs, &dirty, &freed, &pw));
+  for (auto& [fid, positions] : drop) {
+    FeatureState* f = features_.Get(fid);
+    std::sort(positions.begin(), positions.end());
+    for (size_t pos : positions) InvalidateLocked(f, pos, &dirty, &freed);
+    f->index.Erase(positions);
+  }
+  RF_RETURN_IF_ERROR(CommitLocked(dirty, freed));
+  {
+    auto v = BuildVersion(current_->number + 1);
+    std::lock_guard<std::mutex> l(mu_);
+    current_ = v;
+    for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
+  }
+  if (merge) {
+    auto& st = merger_.stats();
+    st.items_moved += recs.size();
+    st.pages_written += pw;
+    st.bytes_written += pw * ps;
+    st.pages_released += freed.size();
+  } else {
+    auto& st = reclaimer_.stats();
+    st.items_moved += recs.size();
+    st.bytes_written += pw * ps;
+    st.pages_released += freed.size();
+  }
+  ReleasePendingLocked();
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------
+// Read path
+
+Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
+                       ReadStats* st) {
+  const double t0 = Now();
+  RF_RETURN_IF_ERROR(CheckOpen());
+  const size_t nf = names.size();
+  std::vector<FeatureDef> defs(nf);
+  for (size_t i = 0; i < nf; i++) RF_RETURN_IF_ERROR(FeatureFor(names[i], &defs[i]));
+  out->assign(nf, ColumnData());
+  std::vector<BufferedItems> buf(nf);
+  std::shared_ptr<const Version> v;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    v = current_;
+    readers_.insert(v->number);
+    for (size_t i = 0; i < nf; i++)
+      if (FeatureBuffer* fb = buffer_.find(defs[i].id)) fb->CopyRange(lo, hi, &buf[i]);
+  }
+  ReaderGuard guard(this, v->number);
+  const uint32_t ps = o_.page_size;
+
+  // Pages per feature overlapping [lo, hi); a page shared by several features is read once.
+  std::vector<std::vector<PageRef>> refs(nf);
+  std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> users;
+  std::vector<uint32_t> pids;
+  for (size_t i = 0; i < nf; i++) {
+    if (lo >= hi || defs[i].id >= v->features.size() || !v->features[defs[i].id]) continue;
+    for (const PageRef& r : *v->features[defs[i].id]) {
+      if (r.max_key < lo || r.min_key >= hi) continue;
+      auto& u = users[r.page];
+      if (u.empty()) pids.push_back(r.page);
+      u.emplace_back(static_cast<uint32_t>(i), static_cast<uint32_t>(refs[i].size()));
+      refs[i].push_back(r);
+    }
+  }
+  std::sort(pids.begin(), pids.end());
+
+  struct Chunk {
+    uint64_t seq = 0;
+    bool clean = true;  // no stale records and no tombstones
+    std::vector<uint64_t> keys;
+    std::vector<uint8_t> tomb;
+    std::vector<uint8_t> vals;
+    std::vector<uint32_t> lens;  // variable-width only
+  };
+  std::vector<std::vector<Chunk>> chunks(nf);
+  for (size_t i = 0; i < nf; i++) chunks[i].resize(refs[i].size());
+  std::vector<uint64_t> tmp;
+  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
+    for (uint32_t k = 0; k < run.count; k++) {
+      const uint32_t pid = run.first + k;
+      PageView pv;
+      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
+      for (const auto& [i, j] : users[pid]) {
+        const FeatureDef& def = defs[i];
+        SegmentView sv;
+        if (!pv.Find(def.id, &sv))
+          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                    "' lacks the segment of feature '" + def.name + "' that the metadata lists");
+        sv.width = def.fixed_width();
+        tmp.resize(sv.count);
+        sv.DecodeKeys(tmp.data());
+        const size_t a = std::lower_bound(tmp.begin(), tmp.end(), lo) - tmp.begin();
+        const size_t z = std::lower_bound(tmp.begin(), tmp.end(), hi) - tmp.begin();
+        Chunk& c = chunks[i][j];
+        c.seq = pv.seq();
+        c.clean = refs[i][j].valid == refs[i][j].count && !sv.tomb;
+        c.keys.assign(tmp.begin() + a, tmp.begin() + z);
+        if (sv.tomb) {
+          c.tomb.resize(z - a);
+          for (size_t r = a; r < z; r++) c.tomb[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
+        }
+        if (sv.width) {
+          c.vals.assign(sv.values + a * sv.width, sv.values + z * sv.width);
+        } else {
+          for (size_t r = a; r < z; r++) {
+            const uint8_t* p;
+            uint32_t len;
+            sv.Value(static_cast<uint32_t>(r), &p, &len);
+            c.vals.insert(c.vals.end(), p, p + len);
+            c.lens.push_back(len);
+          }
+        }
+      }
+    }
+    return Status::OK();
+  };
+  if (!pids.empty()) {
+    RingLease ring(rings_.get());
+    RF_RETURN_IF_ERROR(ring.Acquire());
+    auto runs = CoalescePages(pids, ring.get()->slot_bytes() / ps);
+    RF_RETURN_IF_ERROR(ring.get()->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+  }
+
+  uint64_t useful = 0, items = 0;
+  for (size_t i = 0; i < nf; i++) {
+    const FeatureDef& def = defs[i];
+    const uint32_t w = def.fixed_width();
+    const uint32_t elem = def.element_size();
+    ColumnData& col = (*out)[i];
+    auto& cs = chunks[i];
+    // Disk stream in key order: (chunk, index) pairs.
+    std::vector<uint32_t> order(cs.size());
+    std::iota(order.begin(), order.end(), 0u);
+    order.erase(std::remove_if(order.begin(), order.end(), [&](uint32_t c) { return cs[c].keys.empty(); }), order.end());
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return cs[a].keys.front() < cs[b].keys.front(); });
+    bool simple = true;
+    for (size_t k = 0; k < order.size() && simple; k++) {
+      simple = cs[order[k]].clean && (k == 0 || cs[order[k - 1]].keys.back() < cs[order[k]].keys.front());
+    }
+    std::vector<std::pair<uint32_t, uint32_t>> stream;  // (chunk, record) for the general path
+    std::vector<std::vector<uint64_t>> voff;           // variable-width: value offsets per chunk
+    if (!w) {
+      voff.resize(cs.size());
+      for (size_t c = 0; c < cs.size(); c++) {
+        voff[c].resize(cs[c].lens.size() + 1, 0);
+        for (size_t r = 0; r < cs[c].lens.size(); r++) voff[c][r + 1] = voff[c][r] + cs[c].lens[r];
+      }
+    }
+    if (!simple) {
+      // Newest page wins per key; tombstones hide older versions.
+      struct E {
+        uint64_t key, seq;
+        uint32_t c, r;
+      };
+      std::vector<E> es;
+      for (uint32_t c : order)
+        for (uint32_t r = 0; r < cs[c].keys.size(); r++) es.push_back({cs[c].keys[r], cs[c].seq, c, r});
+      std::sort(es.begin(), es.end(), [](const E& a, const E& b) { return a.key < b.key || (a.key == b.key && a.seq > b.seq); });
+      for (size_t k = 0; k < es.size(); k++) {
+        if (k > 0 && es[k].key == es[k - 1].key) continue;
+        if (!cs[es[k].c].tomb.empty() && cs[es[k].c].tomb[es[k].r]) continue;
+        stream.emplace_back(es[k].c, es[k].r);
+      }
+    }
+    const BufferedItems& b = buf[i];
+    if (!w) col.offsets.push_back(0);
+    auto emit_disk = [&](uint32_t c, uint32_t r) {
+      const Chunk& ch = cs[c];
+      col.keys.push_back(ch.keys[r]);
+      uint32_t len = w;
+      if (w) {
+        col.values.insert(col.values.end(), ch.vals.begin() + static_cast<size_t>(r) * w,
+                          ch.vals.begin() + static_cast<size_t>(r + 1) * w);
+      } else {
+        len = ch.lens[r];
+        col.values.insert(col.values.end(), ch.vals.begin() + voff[c][r], ch.vals.begin() + voff[c][r] + len);
+        col.offsets.push_back(static_cast<int32_t>(col.values.size() / elem));
+      }
+      useful += ItemBytes(len);
+    };
+    auto emit_buf = [&](size_t k) {
+      if (b.tomb[k]) return;
+      col.keys.push_back(b.keys[k]);
+      col.values.insert(col.values.end(), b.value(k), b.value(k) + b.len[k]);
+      if (!w) col.offsets.push_back(static_cast<int32_t>(col.values.size() / elem));
+    };
+    if (simple && b.size() == 0) {
+      // The common case for a merged feature: disjoint clean pages, nothing buffered.
+      size_t total = 0;
+      for (uint32_t c : order) total += cs[c].keys.size();
+      col.keys.reserve(total);
+      for (uint32_t c : order) {
+        const Chunk& ch = cs[c];
+        col.keys.insert(col.keys.end(), ch.keys.begin(), ch.keys.end());
+        uint64_t end = col.values.size();
+        col.values.insert(col.values.end(), ch.vals.begin(), ch.vals.end());
+        if (!w) {
+          for (size_t r = 0; r < ch.lens.size(); r++) {
+            useful += ItemBytes(ch.lens[r]);
+            end += ch.lens[r];
+            col.offsets.push_back(static_cast<int32_t>(end / elem));
+          }
+        } else {
+          useful += ch.keys.size() * ItemBytes(w);
+        }
+      }
+    } else {
+      if (simple)
+        for (uint32_t c : order)
+          for (uint32_t r = 0; r < cs[c].keys.size(); r++) stream.emplace_back(c, r);
+      size_t d = 0, k = 0;
+      while (d < stream.size() || k < b.size()) {
+        if (k == b.size()) {
+          emit_disk(stream[d].first, stream[d].second);
+          d++;
+          continue;
+        }
+        if (d == stream.size()) {
+          emit_buf(k++);
+          continue;
+        }
+        const uint64_t dk = cs[stream[d].first].keys[stream[d].second];
+        if (dk < b.keys[k]) {
+          emit_disk(stream[d].first, stream[d].second);
+          d++;
+        } else if (dk == b.keys[k]) {
+          d++;  // the buffered write is newer
+          emit_buf(k++);
+        } else {
+          emit_buf(k++);
+        }
+      }
+    }
+    items += col.keys.size();
+  }
+  st->pages_read = pids.size();
+  st->bytes_read = pids.size() * static_cast<uint64_t>(ps);
+  st->useful_bytes = useful;
+  st->items = items;
+  st->seconds = Now() - t0;
+  pages_read_ += st->pages_read;
+  bytes_read_ += st->bytes_read;
+  useful_bytes_read_ += useful;
+  reads_++;
+  return Status::OK();
+}
+
+Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st) {
+  const double t0 = Now();
+  RF_RETURN_IF_ERROR(CheckOpen());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  const uint32_t w = def.fixed_width();
+  const uint32_t ps = o_.page_size;
+  // Unique requested keys, ascending.
+  std::vector<uint64_t> uk(keys, keys + n);
+  std::sort(uk.begin(), uk.end());
+  uk.erase(std::unique(uk.begin(), uk.end()), uk.end());
+  struct Best {
+    int src = 0;  // 0 none, 1 buffer, 2 page
+    bool tomb = false;
+    uint64_t seq = 0;
+    uint64_t off = 0;
+    uint32_t len = 0;
+  };
+  std::vector<Best> best(uk.size());
+  std::vector<uint8_t> arena;
+  std::shared_ptr<const Version> v;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    v = current_;
+    readers_.insert(v->number);
+    if (FeatureBuffer* fb = buffer_.find(def.id)) {
+      fb->Normalize();
+      const BufferedItems& b = fb->items();
+      size_t j = 0;
+      for (size_t i = 0; i < uk.size(); i++) {
+        j = std::lower_bound(b.keys.begin() + j, b.keys.end(), uk[i]) - b.keys.begin();
+        if (j < b.size() && b.keys[j] == uk[i]) {
+          best[i].src = 1;
+          best[i].tomb = b.tomb[j] != 0;
+          best[i].off = arena.size();
+          best[i].len = b.len[j];
+          arena.insert(arena.end(), b.value(j), b.value(j) + b.len[j]);
+        }
+      }
+    }
+  }
+  ReaderGuard guard(this, v->number);
+  std::vector<uint32_t> pids;
+  std::unordered_map<uint32_t, uint32_t> ref_of;
+  const std::vector<PageRef>* refs = def.id < v->features.size() && v->features[def.id] ? v->features[def.id].get() : nullptr;
+  if (refs) {
+    for (uint32_t r = 0; r < refs->size(); r++) {
+      const PageRef& pr = (*refs)[r];
+      auto it = std::lower_bound(uk.begin(), uk.end(), pr.min_key);
+      bool need = false;
+      for (; it != uk.end() && *it <= pr.max_key && !need; ++it) need = best[it - uk.begin()].src != 1;
+      if (need) {
+        pids.push_back(pr.page);
+        ref_of[pr.page] = r;
+      }
+    }
+  }
+  std::sort(pids.begin(), pids.end());
+  uint64_t useful = 0;
+  std::vector<uint64_t> tmp;
+  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
+    for (uint32_t k = 0; k < run.count; k++) {
+      const uint32_t pid = run.first + k;
+      PageView pv;
+      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
+      SegmentView sv;
+      if (!pv.Find(def.id, &sv))
+        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                  "' lacks the segment of feature '" + def.name + "' that the metadata lists");
+      sv.width = w;
+      tmp.resize(sv.count);
+      sv.DecodeKeys(tmp.data());
+      auto it = std::lower_bound(uk.begin(), uk.end(), sv.min_key);
+      for (; it != uk.end() && *it <= sv.max_key; ++it) {
+        Best& bb = best[it - uk.begin()];
+        if (bb.src == 1 || (bb.src == 2 && bb.seq > pv.seq())) continue;
+        auto f = std::lower_bound(tmp.begin(), tmp.end(), *it);
+        if (f == tmp.end() || *f != *it) continue;
+        const uint32_t r = static_cast<uint32_t>(f - tmp.begin());
+        const uint8_t* p;
+        uint32_t len;
+        sv.Value(r, &p, &len);
+        bb.src = 2;
+        bb.seq = pv.seq();
+        bb.tomb = sv.is_tomb(r);
+        bb.off = arena.size();
+        bb.len = bb.tomb ? 0 : len;
+        arena.insert(arena.end(), p, p + bb.len);
+      }
+    }
+    return Status::OK();
+  };
+  if (!pids.empty()) {
+    RingLease ring(rings_.get());
+    RF_RETURN_IF_ERROR(ring.Acquire());
+    auto runs = CoalescePages(pids, ring.get()->slot_bytes() / ps);
+    RF_RETURN_IF_ERROR(ring.get()->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+  }
+  // Output aligned with the request.
+  out->keys.assign(keys, keys + n);
+  out->found.assign(n, 0);
+  out->values.clear();
+  out->offsets.clear();
+  if (!w) out->offsets.push_back(0);
+  const uint32_t elem = def.element_size();
+  uint64_t items = 0;
+  for (size_t i = 0; i < n; i++) {
+    const size_t u = std::lower_bound(uk.begin(), uk.end(), keys[i]) - uk.begin();
+    const Best& bb = best[u];
+    const bool hit = bb.src != 0 && !bb.tomb;
+    out->found[i] = hit;
+    if (hit) {
+      out->values.insert(out->values.end(), arena.begin() + bb.off, arena.begin() + bb.off + bb.len);
+      items++;
+      if (bb.src == 2) useful += ItemBytes(bb.len);
+    } else if (w) {
+      out->values.resize(out->values.size() + w, 0);
+    }
+    if (!w) out->offsets.push_back(static_cast<int32_t>(out->values.size() / elem));
+  }
+  st->pages_read = pids.size();
+  st->bytes_read = pids.size() * static_cast<uint64_t>(ps);
+  st->useful_bytes = useful;
+  st->items = items;
+  st->seconds = Now() - t0;
+  pages_read_ += st->pages_read;
+  bytes_read_ += st->bytes_read;
+  useful_bytes_read_ += useful;
+  reads_++;
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------
+// Close and statistics
+
+Status Store::Close() {
+  if (closed_) return Status::OK();
+  Status s;
+  {
+    std::lock_guard<std::mutex> wl(write_mu_);
+    if (bg_error_.ok()) s = FlushLocked(true);
+    Status s2 = wal_.Sync();
+    if (s.ok()) s = s2;
+    std::unique_lock<std::mutex> l(mu_);
+    closed_ = true;
+    readers_cv_.wait(l, [&] { return readers_.empty(); });
+  }
+  wal_.Close();
+  file_.Close();
+  write_ring_.reset();
+  rings_.reset();
+  meta_.Close();
+  if (lock_fd_ >= 0) {
+    ::flock(lock_fd_, LOCK_UN);
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+  }
+  return s;
+}
+
+std::string Store::StatsJson() {
+  std::lock_guard<std::mutex> wl(write_mu_);
+  const uint32_t ps = o_.page_size;
+  uint64_t live_items = 0, live_bytes = 0, tombs = 0, buffered_items = 0, buffered_bytes = 0;
+  for (FeatureState* f : features_.All()) {
+    live_items += f->live_items;
+    live_bytes += f->live_bytes;
+    tombs += f->tombs;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    buffered_items = buffer_.items();
+    buffered_bytes = buffer_.bytes();
+  }
+  const uint64_t pages = pages_.live_pages();
+  const uint64_t file_bytes = pages * ps;
+  double need = 0;
+  const double disk_amp = Reclaimer::SpaceAmp(pages_, ps, &need);
+  const size_t meta_bytes = features_.MemoryBytes() + pages_.MemoryBytes();
+  uint64_t slots = 0;
+  if (!closed_) file_.SlotCount(&slots);
+  uint64_t wal_bytes = wal_.bytes_written();
+
+  JsonWriter j;
+  j.Open();
+  j.KV("page_size", ps);
+  j.KV("pages_in_use", static_cast<double>(pages));
+  j.KV("file_bytes", static_cast<double>(file_bytes));
+  j.KV("file_slots", static_cast<double>(std::max<uint64_t>(slots, pages_.slots())));
+  j.KV("free_slots", static_cast<double>(pages_.free_slots()));
+  j.KV("live_items", static_cast<double>(live_items));
+  j.KV("live_item_bytes", static_cast<double>(live_bytes));
+  j.KV("tombstones", static_cast<double>(tombs));
+  j.KV("buffered_items", static_cast<double>(buffered_items));
+  j.KV("buffered_bytes", static_cast<double>(buffered_bytes));
+  j.KV("space_amplification", live_bytes ? static_cast<double>(file_bytes) / live_bytes : 0.0);
+  j.KV("space_amplification_pages", disk_amp);
+  j.KV("read_amplification", useful_bytes_read_ ? static_cast<double>(bytes_read_) / useful_bytes_read_ : 0.0);
+  j.KV("write_amplification", user_bytes_written_ ? static_cast<double>(bytes_written_) / user_bytes_written_ : 0.0);
+  j.KV("write_amplification_total", user_bytes_written_
+                                        ? static_cast<double>(bytes_written_ + wal_bytes + meta_.bytes_committed()) /
+                                              user_bytes_written_
+                                        : 0.0);
+  j.KV("pages_read", static_cast<double>(pages_read_));
+  j.KV("bytes_read", static_cast<double>(bytes_read_));
+  j.KV("useful_bytes_read", static_cast<double>(useful_bytes_read_));
+  j.KV("reads", static_cast<double>(reads_));
+  j.KV("pages_written", static_cast<double>(pages_written_));
+  j.KV("bytes_written", static_cast<double>(bytes_written_));
+  j.KV("flush_pages_written", static_cast<double>(flush_pages_written_));
+  j.KV("user_bytes_written", static_cast<double>(user_bytes_written_));
+  j.KV("wal_bytes_written", static_cast<double>(wal_bytes));
+  j.KV("metadata_bytes_committed", static_cast<double>(meta_.bytes_committed()));
+  j.KV("metadata_dram_bytes", static_cast<double>(meta_bytes));
+  j.KV("metadata_dram_bytes_per_item", live_items ? static_cast<double>(meta_bytes) / live_items : 0.0);
+  j.KV("disk_bytes_per_item", live_items ? static_cast<double>(file_bytes) / live_items : 0.0);
+  j.KV("flushes", static_cast<double>(flushes_));
+  j.KV("recovery_seconds", recovery_seconds_);
+  j.KV("recovered_wal_records", static_cast<double>(recovered_wal_records_));
+  j.Key("direct_io");
+  j.Bool(file_.direct() || closed_);
+  j.Key("fragmentation");
+  j.Open();
+  for (FeatureState* f : features_.All()) j.KV(f->def.name, FragmentationDegree(*f, pages_, ps));
+  j.Close();
+  j.Key("features");
+  j.Open();
+  for (FeatureState* f : features_.All()) {
+    j.Key(f->def.name);
+    j.Open();
+    j.Key("type");
+    j.Str(f->def.TypeString());
+    j.KV("items", static_cast<double>(f->live_items));
+    j.KV("valid_bytes", static_cast<double>(f->live_bytes));
+    j.KV("tombstones", static_cast<double>(f->tombs));
+    j.KV("pages", static_cast<double>(f->pages.size()));
+    j.KV("fragmentation", FragmentationDegree(*f, pages_, ps));
+    j.KV("key_index_bytes", static_cast<double>(f->index.MemoryBytes()));
+    j.Key("dense_keys");
+    j.Bool(f->index.dense());
+    j.Close();
+  }
+  j.Close();
+  const auto& p = pinner_.stats();
+  j.Key("pinner");
+  j.Open();
+  j.Key("enabled");
+  j.Bool(pinner_.options().enabled);
+  j.KV("flushes", static_cast<double>(p.flushes));
+  j.KV("features_pinned", static_cast<double>(p.features_pinned));
+  j.KV("items_pinned", static_cast<double>(p.items_pinned));
+  j.KV("bytes_pinned", static_cast<double>(p.bytes_pinned));
+  j.KV("released_threshold", static_cast<double>(p.released_threshold));
+  j.KV("released_age", static_cast<double>(p.released_age));
+  j.Close();
+  const auto& m = merger_.stats();
+  j.Key("merger");
+  j.Open();
+  j.Key("enabled");
+  j.Bool(merger_.options().enabled);
+  j.KV("threshold", merger_.options().threshold);
+  j.KV("low_benefit_frac", merger_.options().low_benefit_frac);
+  j.KV("checks", static_cast<double>(m.checks));
+  j.KV("victims", static_cast<double>(m.victims));
+  j.KV("pages_gathered", static_cast<double>(m.pages_gathered));
+  j.KV("items_moved", static_cast<double>(m.items_moved));
+  j.KV("pages_written", static_cast<double>(m.pages_written));
+  j.KV("bytes_written", static_cast<double>(m.bytes_written));
+  j.KV("pages_released", static_cast<double>(m.pages_released));
+  j.Close();
+  const auto& r = reclaimer_.stats();
+  j.Key("reclaimer");
+  j.Open();
+  j.Key("enabled");
+  j.Bool(reclaimer_.options().enabled);
+  j.KV("space_amp_limit", reclaimer_.options().space_amp_limit);
+  j.KV("runs", static_cast<double>(r.runs));
+  j.KV("pages_cleaned", static_cast<double>(r.pages_cleaned));
+  j.KV("items_moved", static_cast<double>(r.items_moved));
+  j.KV("bytes_written", static_cast<double>(r.bytes_written));
+  j.KV("pages_released", static_cast<double>(r.pages_released));
+  j.Close();
+  j.Close();
+  return j.str();
+}
+
+}  // namespace recflash

@@ -1,0 +1,180 @@
+// Store: the READER store engine. Owns the page file, the WAL, the write buffer, the
+// metadata manager and the pinner/merger/reclaimer, and serves snapshot reads.
+//
+// Concurrency. Writers (put/delete) go through a LevelDB-style group commit: they queue, the
+// head of the queue appends the whole group to the WAL in one write (and one fsync when asked)
+// and applies it to the write buffer. `write_mu_` serialises that with flushes, merges and
+// reclamation, which run in the writer's thread. Readers never take `write_mu_`: they grab
+// the current immutable Version (which pages hold each feature) and a copy of the buffered
+// items under the short `mu_`, register the version number, and read without locks. A page
+// freed by a flush or merge is reused (or punched) only after every reader registered on an
+// older version is done — so a scan always sees one consistent state.
+//
+// Crash safety. Ordering on every flush/merge: (1) WAL synced, pinned items re-logged into a
+// fresh WAL file; (2) new pages written into free slots and fdatasync'ed; (3) one RocksDB
+// write batch (sync) commits the new page records, retired segments, freed pages and the new
+// WAL start; (4) only then are old WAL files deleted and freed slots made reusable. A crash
+// before (3) leaves the previous metadata pointing at untouched pages and the WAL replays the
+// rest; a crash after (3) leaves orphaned slots that recovery treats as free.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "reader/csrc/format.h"
+#include "reader/csrc/io_ring.h"
+#include "reader/csrc/merger.h"
+#include "reader/csrc/metadata.h"
+#include "reader/csrc/page_file.h"
+#include "reader/csrc/pinner.h"
+#include "reader/csrc/status.h"
+#include "reader/csrc/wal.h"
+#include "reader/csrc/write_buffer.h"
+
+namespace recflash {
+
+struct StoreOptions {
+  uint32_t page_size = 16384;             // fixed when the store is created
+  uint64_t write_buffer_bytes = 64ull << 20;
+  bool direct_io = true;                  // O_DIRECT page file
+  bool sync_on_write = false;             // fsync the WAL on every put/delete
+  unsigned queue_depth = 32;              // io_uring requests in flight
+  uint32_t max_io_bytes = 256u << 10;     // largest coalesced read
+  PinnerOptions pinner;
+  MergerOptions merger;
+  ReclaimOptions reclaim;
+};
+
+struct ReadStats {
+  uint64_t pages_read = 0;
+  uint64_t bytes_read = 0;
+  uint64_t useful_bytes = 0;  // logical bytes (8 + value) of the items returned from pages
+  uint64_t items = 0;
+  double seconds = 0;
+};
+
+// Result of a read for one feature. Values of fixed-width types are packed; variable-width
+// ones are delimited by element offsets (Arrow list/binary offsets).
+struct ColumnData {
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> values;
+  std::vector<int32_t> offsets;  // variable-width types: size n + 1, in elements
+  std::vector<uint8_t> found;    // get(): 1 where the key has a value
+};
+
+// Snapshot of which pages hold each feature's valid items.
+struct PageRef {
+  uint32_t page;
+  uint32_t count;
+  uint32_t valid;
+  uint64_t seq;
+  uint64_t min_key, max_key;
+};
+struct Version {
+  uint64_t number = 0;
+  std::vector<std::shared_ptr<const std::vector<PageRef>>> features;  // by feature id
+};
+
+class Store {
+ public:
+  static Status Open(const std::string& path, const StoreOptions& options, std::unique_ptr<Store>* out);
+  ~Store();
+
+  Status CreateFeature(const std::string& name, const std::string& type, FeatureDef* out);
+  Status LookupFeature(const std::string& name, FeatureDef* out);
+  std::vector<FeatureDef> Features();
+
+  // values: n * width bytes for fixed-width types; for variable-width types the bytes
+  // delimited by byte offsets[0..n].
+  Status Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values, size_t values_len,
+             const int64_t* offsets);
+  Status Delete(const std::string& feature, const uint64_t* keys, size_t n);
+  // force: also write what the pinner holds (close() uses it).
+  Status Flush(bool force);
+  Status Sync();
+  Status Close();
+
+  Status ScanMany(const std::vector<std::string>& features, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
+                  ReadStats* st);
+  Status Get(const std::string& feature, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st);
+
+  std::string StatsJson();
+  const std::string& path() const { return path_; }
+  uint32_t page_size() const { return o_.page_size; }
+
+ private:
+  struct WriteOp;
+  struct Rec;
+  class ReaderGuard;
+
+  explicit Store(const StoreOptions& o);
+  Status OpenImpl(const std::string& path);
+  Status Recover();
+  Status RebuildFromPages();
+  Status ReplayWal(uint64_t* max_number);
+
+  Status Write(WriteOp* w);
+  Status FlushLocked(bool force);
+  Status MaintainLocked();
+  Status RewriteLocked(const std::vector<MoveTask>& tasks, bool merge);
+  // Packs records (grouped by feature, ascending keys) into pages, writes them durably and
+  // updates the tables; fills `dirty`/`freed` for the commit.
+  Status WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed,
+                            uint64_t* pages_written);
+  void InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed);
+  Status CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed);
+  void InstallLocked(const std::set<uint32_t>& freed);
+  void ReleasePendingLocked();
+  std::shared_ptr<const Version> BuildVersion(uint64_t number);
+  Status CheckOpen();
+  Status FeatureFor(const std::string& name, FeatureDef* def);
+
+  StoreOptions o_;
+  std::string path_, pages_path_, wal_dir_;
+  int lock_fd_ = -1;
+  PageFile file_;
+  MetaStore meta_;
+  std::unique_ptr<IoRingPool> rings_;
+  std::unique_ptr<IoRing> write_ring_;
+
+  // Writer side (guarded by write_mu_).
+  std::mutex write_mu_;
+  WalWriter wal_;
+  uint64_t wal_number_ = 0;
+  PersistentState pstate_;
+  FeatureTable features_;
+  LogicalPageTable pages_;
+  Pinner pinner_;
+  Merger merger_;
+  Reclaimer reclaimer_;
+  Status bg_error_;
+  std::vector<std::pair<uint64_t, uint32_t>> pending_free_;  // (version that dropped it, page)
+
+  // Group commit queue.
+  std::mutex queue_mu_;
+  std::deque<WriteOp*> writers_;
+
+  // Shared with readers (guarded by mu_).
+  std::mutex mu_;
+  std::condition_variable readers_cv_;
+  WriteBuffer buffer_;
+  std::shared_ptr<const Version> current_;
+  std::multiset<uint64_t> readers_;
+  std::map<std::string, FeatureDef> defs_;  // name -> definition (readers resolve names here)
+  std::atomic<bool> closed_{false};
+
+  // Counters.
+  std::atomic<uint64_t> pages_read_{0}, bytes_read_{0}, useful_bytes_read_{0}, reads_{0};
+  uint64_t pages_written_ = 0, bytes_written_ = 0, user_bytes_written_ = 0, flushes_ = 0;
+  uint64_t flush_pages_written_ = 0;
+  uint64_t recovered_wal_records_ = 0;
+  double recovery_seconds_ = 0;
+};
+
+}  // namespace recflash

@@ -1,0 +1,48 @@
+// Write-ahead log. Every put/delete batch is appended as one record before it enters the
+// write buffer; a record is
+//
+//   u32 crc32c(type..payload) | u32 payload length | u8 type | payload
+//
+// Log files are numbered (wal/000007.log). A flush starts a new file, re-logs the items the
+// pinner keeps in DRAM into it, and — once the flushed pages and their metadata are durable —
+// deletes the older files. Recovery replays every file from the number the metadata names.
+// A torn record at the tail (a crash mid-append) ends replay of that file; it was never
+// acknowledged as durable.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reader/csrc/status.h"
+
+namespace recflash {
+
+constexpr uint8_t kWalBatch = 1;
+
+class WalWriter {
+ public:
+  ~WalWriter();
+  Status Open(const std::string& path);
+  Status Append(uint8_t type, const std::string& payload);
+  Status Sync();
+  void Close();
+  uint64_t bytes_written() const { return bytes_written_; }
+  bool synced() const { return unsynced_ == 0; }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  uint64_t bytes_written_ = 0;
+  uint64_t unsynced_ = 0;
+};
+
+// Calls fn for each intact record of the file in order.
+Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t type, const std::string& payload)>& fn,
+                   bool* torn_tail);
+
+std::string WalFileName(const std::string& dir, uint64_t number);
+// Numbers of the log files in dir, ascending.
+Status ListWalFiles(const std::string& dir, std::vector<uint64_t>* numbers);
+
+}  // namespace recflash

@@ -1,0 +1,102 @@
+#include "reader/csrc/write_buffer.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace recflash {
+
+void FeatureBuffer::Append(const uint64_t* keys, size_t n, const uint8_t* values, const int64_t* offsets,
+                           uint32_t width, bool tomb) {
+  BufferedItems& b = items_;
+  const bool was_sorted = normalized();
+  const size_t start = b.keys.size();
+  b.keys.insert(b.keys.end(), keys, keys + n);
+  b.tomb.insert(b.tomb.end(), n, tomb ? 1 : 0);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t len = 0;
+    const uint8_t* v = nullptr;
+    if (!tomb) {
+      if (width) {
+        len = width;
+        v = values + i * width;
+      } else {
+        len = static_cast<uint32_t>(offsets[i + 1] - offsets[i]);
+        v = values + offsets[i];
+      }
+    }
+    b.off.push_back(b.arena.size());
+    b.len.push_back(len);
+    if (len) b.arena.insert(b.arena.end(), v, v + len);
+    bytes_ += ItemBytes(len);
+  }
+  // Keep the "already sorted" fast path for ascending appends (bulk loads).
+  if (was_sorted) {
+    bool asc = true;
+    for (size_t i = start; i < b.keys.size() && asc; i++)
+      asc = (i == 0) || b.keys[i] > b.keys[i - 1];
+    if (asc) sorted_ = b.keys.size();
+  }
+}
+
+void FeatureBuffer::Normalize() {
+  if (normalized()) return;
+  BufferedItems& b = items_;
+  const size_t n = b.keys.size();
+  std::vector<uint32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t x, uint32_t y) { return b.keys[x] < b.keys[y]; });
+  BufferedItems out;
+  out.keys.reserve(n);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    // Keep the last of a run of equal keys: stable sort preserved write order.
+    if (i + 1 < n && b.keys[idx[i + 1]] == b.keys[idx[i]]) continue;
+    const uint32_t j = idx[i];
+    out.keys.push_back(b.keys[j]);
+    out.tomb.push_back(b.tomb[j]);
+    out.off.push_back(out.arena.size());
+    out.len.push_back(b.len[j]);
+    out.arena.insert(out.arena.end(), b.arena.begin() + b.off[j], b.arena.begin() + b.off[j] + b.len[j]);
+    bytes += ItemBytes(b.len[j]);
+  }
+  items_ = std::move(out);
+  bytes_ = bytes;
+  sorted_ = items_.keys.size();
+}
+
+void FeatureBuffer::Clear() {
+  items_ = BufferedItems();
+  sorted_ = 0;
+  bytes_ = 0;
+  pinned_flushes = 0;
+}
+
+void FeatureBuffer::CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out) {
+  Normalize();
+  const auto& k = items_.keys;
+  const size_t a = std::lower_bound(k.begin(), k.end(), lo) - k.begin();
+  const size_t z = std::lower_bound(k.begin(), k.end(), hi) - k.begin();
+  out->keys.assign(k.begin() + a, k.begin() + z);
+  out->tomb.assign(items_.tomb.begin() + a, items_.tomb.begin() + z);
+  out->len.assign(items_.len.begin() + a, items_.len.begin() + z);
+  out->off.clear();
+  out->arena.clear();
+  for (size_t i = a; i < z; i++) {
+    out->off.push_back(out->arena.size());
+    out->arena.insert(out->arena.end(), items_.value(i), items_.value(i) + items_.len[i]);
+  }
+}
+
+uint64_t WriteBuffer::bytes() const {
+  uint64_t b = 0;
+  for (const auto& [fid, f] : features_) b += f.bytes();
+  return b;
+}
+
+uint64_t WriteBuffer::items() const {
+  uint64_t n = 0;
+  for (const auto& [fid, f] : features_) n += f.size();
+  return n;
+}
+
+}  // namespace recflash

@@ -1,0 +1,63 @@
+// WriteBuffer: the DRAM buffer of acknowledged puts/deletes not yet in pages, one
+// FeatureBuffer per feature so a flush writes "all KV-items of a feature in a batch".
+#pragma once
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "reader/csrc/types.h"
+
+namespace recflash {
+
+// Items of one feature, sorted by key and unique (the latest write of each key wins).
+struct BufferedItems {
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> tomb;
+  std::vector<uint64_t> off;  // into arena
+  std::vector<uint32_t> len;
+  std::vector<uint8_t> arena;
+  size_t size() const { return keys.size(); }
+  const uint8_t* value(size_t i) const { return arena.data() + off[i]; }
+};
+
+class FeatureBuffer {
+ public:
+  // Appends n items; `values` holds n * width bytes (width > 0) or the bytes delimited by
+  // byte offsets[0..n] (width == 0). Deletes pass tomb = true and no values.
+  void Append(const uint64_t* keys, size_t n, const uint8_t* values, const int64_t* offsets, uint32_t width,
+              bool tomb);
+  // Sorts by key keeping the last write of each key, and compacts the arena.
+  void Normalize();
+  bool normalized() const { return sorted_ == items_.keys.size(); }
+  const BufferedItems& items() const { return items_; }  // valid after Normalize()
+  size_t size() const { return items_.keys.size(); }
+  uint64_t bytes() const { return bytes_; }
+  void Clear();
+  // Copies the entries with lo <= key < hi (normalized first).
+  void CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out);
+
+  uint32_t pinned_flushes = 0;  // consecutive flushes this feature stayed pinned
+
+ private:
+  BufferedItems items_;
+  size_t sorted_ = 0;  // prefix [0, sorted_) is sorted and unique
+  uint64_t bytes_ = 0;
+};
+
+class WriteBuffer {
+ public:
+  FeatureBuffer& feature(uint32_t fid) { return features_[fid]; }
+  FeatureBuffer* find(uint32_t fid) {
+    auto it = features_.find(fid);
+    return it == features_.end() ? nullptr : &it->second;
+  }
+  std::map<uint32_t, FeatureBuffer>& all() { return features_; }
+  uint64_t bytes() const;
+  uint64_t items() const;
+  void Erase(uint32_t fid) { features_.erase(fid); }
+
+ private:
+  std::map<uint32_t, FeatureBuffer> features_;
+};
+
+}  // namespace recflash

@@ -1,0 +1,67 @@
+"""Exceptions raised by the recflash store.
+
+Every error names what was wrong and where (feature, key, page, path), so a user can act on
+it without reading a traceback from inside the engine. All derive from :class:`RecflashError`.
+"""
+
+
+class RecflashError(Exception):
+    """Base class of every recflash error."""
+
+
+class UnknownFeatureError(RecflashError, KeyError):
+    """A feature name that the store does not know."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class FeatureExistsError(RecflashError, ValueError):
+    """create_feature() with a name that exists with a different type."""
+
+
+class SchemaError(RecflashError, TypeError):
+    """Values whose type or shape does not match the feature's declared type."""
+
+
+class InvalidArgumentError(RecflashError, ValueError):
+    """Bad arguments: length mismatch between keys and values, bad key range, bad option."""
+
+
+class ValueTooLargeError(RecflashError, ValueError):
+    """A single value that cannot fit into one page."""
+
+
+class NotAStoreError(RecflashError):
+    """The path exists but is not a recflash store (or was made with an incompatible format)."""
+
+
+class CorruptionError(RecflashError):
+    """On-disk data failed verification (page checksum, page identity, WAL record)."""
+
+
+class StoreLockedError(RecflashError):
+    """Another process (or another Store object) holds the store open for writing."""
+
+
+class StoreClosedError(RecflashError):
+    """An operation on a Store after close()."""
+
+
+class IOError_(RecflashError, OSError):
+    """An operating-system I/O error from the engine (errno and path in the message)."""
+
+
+__all__ = [
+    "RecflashError",
+    "UnknownFeatureError",
+    "FeatureExistsError",
+    "SchemaError",
+    "InvalidArgumentError",
+    "ValueTooLargeError",
+    "NotAStoreError",
+    "CorruptionError",
+    "StoreLockedError",
+    "StoreClosedError",
+    "IOError_",
+]

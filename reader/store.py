@@ -1,0 +1,367 @@
+"""Python API of the store. Arrays cross into the C++ engine once per call (numpy / Arrow
+buffers, no per-item Python); the engine releases the GIL while it works."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+from typing import Iterable, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+
+from recflash import _native
+from recflash.reader.errors import InvalidArgumentError, SchemaError
+
+KeyRange = Optional[Tuple[int, int]]
+_MAX_KEY = (1 << 64) - 1  # reserved: key ranges are half-open, so it could never be scanned
+
+
+@dataclasses.dataclass
+class StoreOptions:
+    """Options of a store. Every knob is documented where it is declared."""
+
+    #: Logical page size in bytes (a flash page). Fixed when the store is created; reopening
+    #: uses the stored value. Power of two in [4096, 1 MiB].
+    page_size: int = 16384
+    #: DRAM write buffer; a flush runs when buffered items reach it (the READER paper uses
+    #: 2.5 % of the dataset).
+    write_buffer_bytes: int = 64 << 20
+    #: Open the page file with O_DIRECT (bypass the OS page cache).
+    direct_io: bool = True
+    #: fsync the WAL on every put/delete. Off: durability points are sync() and flush().
+    sync_on_write: bool = False
+    #: io_uring requests in flight per reader.
+    queue_depth: int = 32
+    #: Largest coalesced read of adjacent pages.
+    max_io_bytes: int = 256 << 10
+    #: Rec-aware pinner: keep small per-feature batches in DRAM across flushes.
+    pinner_enabled: bool = True
+    #: Pinned bytes stay within this fraction of the write buffer.
+    pin_budget_frac: float = 0.05
+    #: A feature is written (unpinned) once its buffered bytes reach this fraction of a page.
+    pin_threshold_frac: float = 0.25
+    #: At most this many features pinned at once (the paper's top-n).
+    pin_max_features: int = 1024
+    #: A feature pinned this many consecutive flushes is written anyway.
+    pin_max_flushes: int = 8
+    #: Rec-aware merger: re-pack fragmented features after a flush.
+    merger_enabled: bool = True
+    #: Fragmentation degree (pages holding a feature / ideal pages) that triggers a merge.
+    #: Lower reads faster and writes more: the read/write trade-off knob.
+    merge_threshold: float = 1.5
+    #: A page is gathered for a victim feature when the feature fills less than this fraction
+    #: of the page's capacity (pages it fills well are left alone to spare writes).
+    merge_low_benefit_frac: float = 0.5
+    #: Space reclamation: rewrite the least-utilised pages when pages in use exceed
+    #: space_amp_limit x the pages the live data needs, down to space_amp_target.
+    reclaim_enabled: bool = True
+    space_amp_limit: float = 2.0
+    space_amp_target: float = 1.6
+
+    def _to_native(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_FIXED_TYPES = {"float32": (np.float32, pa.float32()), "int64": (np.int64, pa.int64())}
+_LIST_TYPES = {"list<int64>": (np.int64, pa.int64()), "list<float32>": (np.float32, pa.float32())}
+_FSL = re.compile(r"^fixed_size_list<float32,\s*(\d+)>$")
+
+
+class _Feature:
+    """Conversion between user arrays and the engine's byte buffers for one feature type."""
+
+    def __init__(self, name: str, type_str: str):
+        self.name = name
+        self.type = type_str
+        m = _FSL.match(type_str)
+        self.dim = int(m.group(1)) if m else 0
+
+    # -- input -------------------------------------------------------------------------
+    def encode(self, values, n: int):
+        """Returns (values as uint8 ndarray, byte offsets int64 ndarray or None)."""
+        t = self.type
+        if t in _FIXED_TYPES:
+            arr = _to_numpy_1d(values, self)
+            np_type = _FIXED_TYPES[t][0]
+            if t == "float32" and arr.dtype.kind != "f":
+                raise SchemaError(f"feature '{self.name}' is float32; got values of dtype {arr.dtype}")
+            if t == "int64" and arr.dtype.kind not in "iu":
+                raise SchemaError(f"feature '{self.name}' is int64; got values of dtype {arr.dtype}")
+            if t == "int64" and arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+                raise SchemaError(f"feature '{self.name}' is int64; a uint64 value exceeds the int64 range")
+            _check_len(self, len(arr), n)
+            return np.ascontiguousarray(arr, dtype=np_type).view(np.uint8), None
+        if self.dim:
+            if isinstance(values, (pa.Array, pa.ChunkedArray)):
+                values = _combine(values)
+                if not pa.types.is_fixed_size_list(values.type) or values.type.list_size != self.dim:
+                    raise SchemaError(f"feature '{self.name}' is {t}; got an Arrow array of type {values.type}")
+                _no_nulls(self, values)
+                flat = values.flatten().to_numpy(zero_copy_only=False)
+                arr = flat.reshape(len(values), self.dim)
+            else:
+                arr = np.asarray(values)
+            if arr.ndim != 2 or arr.shape[1] != self.dim:
+                raise SchemaError(f"feature '{self.name}' is {t}; expected values of shape (n, {self.dim}), "
+                                  f"got shape {arr.shape}")
+            if arr.dtype.kind != "f":
+                raise SchemaError(f"feature '{self.name}' is {t}; got values of dtype {arr.dtype}")
+            _check_len(self, arr.shape[0], n)
+            return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1).view(np.uint8), None
+        if t in _LIST_TYPES:
+            np_type, pa_type = _LIST_TYPES[t]
+            arr = _to_arrow(values, pa.list_(pa_type), self)
+            if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+                raise SchemaError(f"feature '{self.name}' is {t}; got values of type {arr.type}")
+            try:
+                arr = arr.cast(pa.list_(pa_type), safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaError(f"feature '{self.name}' is {t}; cannot convert values of type {arr.type}: {e}") from None
+            _no_nulls(self, arr)
+            _check_len(self, len(arr), n)
+            offs = np.asarray(arr.offsets, dtype=np.int64)
+            offs = (offs - offs[0]) * np.dtype(np_type).itemsize
+            flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np_type, copy=False)
+            return np.ascontiguousarray(flat).view(np.uint8), offs
+        if t == "binary":
+            arr = _to_arrow(values, pa.binary(), self)
+            if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
+                arr = arr.cast(pa.binary())
+            if not pa.types.is_binary(arr.type):
+                raise SchemaError(f"feature '{self.name}' is binary; got values of type {arr.type}")
+            _no_nulls(self, arr)
+            _check_len(self, len(arr), n)
+            bufs = arr.buffers()
+            offs = np.frombuffer(bufs[1], dtype=np.int32)[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
+            data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+            return data, offs
+        raise SchemaError(f"feature '{self.name}' has unsupported type {t}")
+
+    # -- output ------------------------------------------------------------------------
+    def decode(self, values: np.ndarray, offsets: Optional[np.ndarray], n: int,
+               found: Optional[np.ndarray] = None) -> pa.Array:
+        validity = None
+        null_count = 0
+        if found is not None and n and not found.all():
+            mask = found.astype(bool)
+            validity = pa.py_buffer(np.packbits(mask, bitorder="little"))
+            null_count = int(n - mask.sum())
+        t = self.type
+        if t in _FIXED_TYPES:
+            return pa.Array.from_buffers(_FIXED_TYPES[t][1], n, [validity, pa.py_buffer(values)], null_count)
+        if self.dim:
+            child = pa.Array.from_buffers(pa.float32(), n * self.dim, [None, pa.py_buffer(values)])
+            return pa.Array.from_buffers(pa.list_(pa.float32(), self.dim), n, [validity], null_count, children=[child])
+        if t in _LIST_TYPES:
+            pa_type = _LIST_TYPES[t][1]
+            child = pa.Array.from_buffers(pa_type, int(offsets[-1]) if n else 0, [None, pa.py_buffer(values)])
+            return pa.Array.from_buffers(pa.list_(pa_type), n, [validity, pa.py_buffer(offsets)], null_count,
+                                         children=[child])
+        return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(values)],
+                                     null_count)
+
+    def arrow_type(self) -> pa.DataType:
+        t = self.type
+        if t in _FIXED_TYPES:
+            return _FIXED_TYPES[t][1]
+        if self.dim:
+            return pa.list_(pa.float32(), self.dim)
+        if t in _LIST_TYPES:
+            return pa.list_(_LIST_TYPES[t][1])
+        return pa.binary()
+
+
+def _combine(values):
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _no_nulls(f: _Feature, arr: pa.Array) -> None:
+    if arr.null_count:
+        raise SchemaError(f"feature '{f.name}': {arr.null_count} null value(s); nulls cannot be stored "
+                          "(use delete() to remove keys)")
+
+
+def _check_len(f: _Feature, got: int, n: int) -> None:
+    if got != n:
+        raise InvalidArgumentError(f"feature '{f.name}': {n} keys but {got} values")
+
+
+def _to_numpy_1d(values, f: _Feature) -> np.ndarray:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        values = _combine(values)
+        _no_nulls(f, values)
+        if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+            raise SchemaError(f"feature '{f.name}' is {f.type}; got an Arrow array of type {values.type}")
+        values = values.to_numpy(zero_copy_only=False)
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise SchemaError(f"feature '{f.name}' is {f.type}; expected a 1-D array, got shape {arr.shape}")
+    return arr
+
+
+def _to_arrow(values, default_type: pa.DataType, f: _Feature) -> pa.Array:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return _combine(values)
+    try:
+        return pa.array(list(values) if isinstance(values, np.ndarray) else values, type=default_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+        raise SchemaError(f"feature '{f.name}' is {f.type}; cannot convert values: {e}") from None
+
+
+def _keys(keys, what: str) -> np.ndarray:
+    arr = np.asarray(keys.to_numpy(zero_copy_only=False) if isinstance(keys, (pa.Array, pa.ChunkedArray)) else keys)
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"{what}: keys must be a 1-D array, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if arr.dtype.kind == "i":
+        if arr.min() < 0:
+            raise InvalidArgumentError(f"{what}: keys must be non-negative (uint64), got {int(arr.min())}")
+    elif arr.dtype.kind != "u":
+        raise InvalidArgumentError(f"{what}: keys must be integers (uint64), got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.uint64)
+    if arr.max() == np.uint64(_MAX_KEY):
+        raise InvalidArgumentError(f"{what}: key {_MAX_KEY} is reserved")
+    return arr
+
+
+def _key_range(key_range: KeyRange) -> Tuple[int, int]:
+    if key_range is None:
+        return 0, _MAX_KEY
+    try:
+        lo, hi = key_range
+        lo, hi = int(lo), int(hi)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"key_range must be a (lo, hi) pair of integers, got {key_range!r}") from None
+    if lo < 0 or hi < lo or hi > _MAX_KEY:
+        raise InvalidArgumentError(f"key_range ({lo}, {hi}) must satisfy 0 <= lo <= hi <= 2**64 - 1")
+    return lo, hi
+
+
+class Store:
+    """A READER store in a directory. Create or reopen with :meth:`Store.open`."""
+
+    def __init__(self, native, path: str):
+        self._s = native
+        self.path = path
+        self._features: dict[str, _Feature] = {}
+        self._tls = threading.local()
+
+    @classmethod
+    def open(cls, path: Union[str, os.PathLike], options: Optional[StoreOptions] = None) -> "Store":
+        options = options or StoreOptions()
+        path = os.fspath(path)
+        return cls(_native.Store.open(path, options._to_native()), path)
+
+    # -- features ----------------------------------------------------------------------
+    def create_feature(self, name: str, type: str) -> None:
+        """Creates a feature (no-op if it exists with the same type)."""
+        _, type_str, _ = self._s.create_feature(name, type)
+        self._features[name] = _Feature(name, type_str)
+
+    def features(self) -> dict:
+        """Feature names and their type strings, in creation order."""
+        return {name: t for name, t in self._s.features()}
+
+    def _feature(self, name: str) -> _Feature:
+        f = self._features.get(name)
+        if f is None:
+            _, type_str, _ = self._s.lookup(name)  # raises UnknownFeatureError
+            f = self._features[name] = _Feature(name, type_str)
+        return f
+
+    # -- writes ------------------------------------------------------------------------
+    def put(self, feature: str, keys, values) -> None:
+        """Upserts items. The last occurrence of a key within one call wins."""
+        f = self._feature(feature)
+        k = _keys(keys, f"put('{feature}')")
+        data, offsets = f.encode(values, len(k))
+        self._s.put(feature, k, data, offsets)
+
+    def delete(self, feature: str, keys) -> None:
+        self._feature(feature)
+        self._s.delete(feature, _keys(keys, f"delete('{feature}')"))
+
+    def flush(self) -> None:
+        """Writes the buffer to pages (the pinner keeps small batches back); merger and
+        reclamation run here. Also a durability point."""
+        self._s.flush(False)
+
+    def sync(self) -> None:
+        """Durability point: every put/delete issued before it survives a crash."""
+        self._s.sync()
+
+    # -- reads -------------------------------------------------------------------------
+    def scan(self, feature: str, key_range: KeyRange = None) -> pa.Table:
+        """All items of a feature (optionally lo <= key < hi), keys ascending."""
+        f = self._feature(feature)
+        lo, hi = _key_range(key_range)
+        cols, st = self._s.scan_many([feature], lo, hi)
+        self._tls.stats = st
+        keys, values, offsets, _ = cols[0]
+        return pa.table({"key": pa.array(keys, type=pa.uint64()), "value": f.decode(values, offsets, len(keys))})
+
+    def scan_many(self, features: Sequence[str], key_range: KeyRange = None) -> pa.Table:
+        """Several features at once, outer-joined on key (null where a feature lacks a key).
+        A page holding several of the requested features is read once."""
+        features = list(features)
+        if not features:
+            raise InvalidArgumentError("scan_many needs at least one feature")
+        if len(set(features)) != len(features):
+            raise InvalidArgumentError(f"scan_many: duplicate feature names in {features}")
+        fs = [self._feature(n) for n in features]
+        lo, hi = _key_range(key_range)
+        cols, st = self._s.scan_many(features, lo, hi)
+        self._tls.stats = st
+        key_arrays = [c[0] for c in cols]
+        all_keys = np.unique(np.concatenate(key_arrays)) if key_arrays else np.zeros(0, np.uint64)
+        out = {"key": pa.array(all_keys, type=pa.uint64())}
+        for f, (keys, values, offsets, _) in zip(fs, cols):
+            arr = f.decode(values, offsets, len(keys))
+            if len(keys) == len(all_keys):
+                out[f.name] = arr  # every key present: keys are identical (both sorted, unique)
+                continue
+            pos = np.searchsorted(keys, all_keys)
+            present = pos < len(keys)
+            present[present] = keys[pos[present]] == all_keys[present]
+            idx = pa.array(np.where(present, pos, 0), mask=~present, type=pa.int64())
+            out[f.name] = arr.take(idx)
+        return pa.table(out)
+
+    def get(self, feature: str, keys) -> pa.Array:
+        """Point lookups: values aligned with keys, null where absent."""
+        f = self._feature(feature)
+        k = _keys(keys, f"get('{feature}')")
+        (rkeys, values, offsets, found), st = self._s.get(feature, k)
+        self._tls.stats = st
+        return f.decode(values, offsets, len(k), found=found)
+
+    def last_read_stats(self) -> dict:
+        """pages_read, bytes_read, useful_bytes, items, seconds, read_amplification of this
+        thread's last scan / scan_many / get."""
+        return dict(getattr(self._tls, "stats", {}) or {})
+
+    # -- status ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return json.loads(self._s.stats_json())
+
+    @property
+    def page_size(self) -> int:
+        return self._s.page_size
+
+    def close(self) -> None:
+        """Writes everything (pinned items too), syncs, and releases the store."""
+        self._s.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.path!r})"

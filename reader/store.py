@@ -17,7 +17,7 @@ from recflash import _native
 from recflash.reader.errors import InvalidArgumentError, SchemaError
 
 KeyRange = Optional[Tuple[int, int]]
-_MAX_KEY = (1 << 64) - 1  # reserved: key ranges are half-open, so it could never be scanned
+_MAX_KEY = (1 << 64) - 1  # key_range=None reaches it; a half-open range cannot
 
 
 @dataclasses.dataclass
@@ -223,13 +223,12 @@ def _keys(keys, what: str) -> np.ndarray:
             raise InvalidArgumentError(f"{what}: keys must be non-negative (uint64), got {int(arr.min())}")
     elif arr.dtype.kind != "u":
         raise InvalidArgumentError(f"{what}: keys must be integers (uint64), got dtype {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.uint64)
-    if arr.max() == np.uint64(_MAX_KEY):
-        raise InvalidArgumentError(f"{what}: key {_MAX_KEY} is reserved")
-    return arr
+    return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
 def _key_range(key_range: KeyRange) -> Tuple[int, int]:
+    """(lo, hi) for the engine, which reads hi == 2**64 - 1 as "no upper bound". A user range
+    ending at 2**64 - 1 excludes that key (half-open): see _drop_max."""
     if key_range is None:
         return 0, _MAX_KEY
     try:
@@ -240,6 +239,23 @@ def _key_range(key_range: KeyRange) -> Tuple[int, int]:
     if lo < 0 or hi < lo or hi > _MAX_KEY:
         raise InvalidArgumentError(f"key_range ({lo}, {hi}) must satisfy 0 <= lo <= hi <= 2**64 - 1")
     return lo, hi
+
+
+def _drop_max(cols, key_range: KeyRange):
+    """Half-open user ranges ending at 2**64 - 1 exclude that key; the engine included it."""
+    if key_range is None or int(key_range[1]) != _MAX_KEY:
+        return cols
+    out = []
+    for keys, values, offsets, found in cols:
+        if len(keys) and keys[-1] == np.uint64(_MAX_KEY):
+            n = len(keys) - 1
+            keys = keys[:n]
+            if offsets is None:
+                values = values[: len(values) // (n + 1) * n]
+            else:
+                offsets = offsets[: n + 1]
+        out.append((keys, values, offsets, found))
+    return out
 
 
 class Store:
@@ -291,6 +307,15 @@ class Store:
         reclamation run here. Also a durability point."""
         self._s.flush(False)
 
+    def compact(self, features: Optional[Sequence[str]] = None) -> None:
+        """Full merge: rewrites the named features (all when None) into packed pages in key
+        order, the read-optimal layout. Like RocksDB's CompactRange, for before a training
+        epoch; the merger after each flush does the incremental version on its own."""
+        names = [features] if isinstance(features, str) else list(features or [])
+        for n in names:
+            self._feature(n)
+        self._s.compact(names)
+
     def sync(self) -> None:
         """Durability point: every put/delete issued before it survives a crash."""
         self._s.sync()
@@ -302,7 +327,7 @@ class Store:
         lo, hi = _key_range(key_range)
         cols, st = self._s.scan_many([feature], lo, hi)
         self._tls.stats = st
-        keys, values, offsets, _ = cols[0]
+        keys, values, offsets, _ = _drop_max(cols, key_range)[0]
         return pa.table({"key": pa.array(keys, type=pa.uint64()), "value": f.decode(values, offsets, len(keys))})
 
     def scan_many(self, features: Sequence[str], key_range: KeyRange = None) -> pa.Table:
@@ -317,6 +342,7 @@ class Store:
         lo, hi = _key_range(key_range)
         cols, st = self._s.scan_many(features, lo, hi)
         self._tls.stats = st
+        cols = _drop_max(cols, key_range)
         key_arrays = [c[0] for c in cols]
         all_keys = np.unique(np.concatenate(key_arrays)) if key_arrays else np.zeros(0, np.uint64)
         out = {"key": pa.array(all_keys, type=pa.uint64())}
@@ -343,6 +369,7 @@ class Store:
     def last_read_stats(self) -> dict:
         """pages_read, bytes_read, useful_bytes, items, seconds, read_amplification of this
         thread's last scan / scan_many / get."""
+        self._s.features()  # raises StoreClosedError after close()
         return dict(getattr(self._tls, "stats", {}) or {})
 
     # -- status ------------------------------------------------------------------------

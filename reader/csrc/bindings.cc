@@ -29,10 +29,11 @@ void Check(const Status& s) {
 }
 
 // Moves a vector into a numpy array that owns it (no copy).
-template <typename T>
-py::array_t<T> ToNumpy(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+template <typename V>
+py::array_t<typename V::value_type> ToNumpy(V&& v) {
+  using T = typename V::value_type;
+  auto* heap = new V(std::move(v));
+  py::capsule owner(heap, [](void* p) { delete static_cast<V*>(p); });
   return py::array_t<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), owner);
 }
 
@@ -107,6 +108,7 @@ class PyStore {
   }
 
   py::list Features() {
+    Check(s_->CheckOpenStatus());
     py::list l;
     for (const auto& d : s_->Features()) l.append(py::make_tuple(d.name, d.TypeString()));
     return l;
@@ -144,6 +146,15 @@ class PyStore {
     {
       py::gil_scoped_release nogil;
       st = s_->Flush(force);
+    }
+    Check(st);
+  }
+
+  void Compact(const std::vector<std::string>& names) {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->Compact(names);
     }
     Check(st);
   }
@@ -199,6 +210,7 @@ class PyStore {
   }
 
   std::string StatsJson() {
+    Check(s_->CheckOpenStatus());
     py::gil_scoped_release nogil;
     return s_->StatsJson();
   }
@@ -222,6 +234,7 @@ PYBIND11_MODULE(_native, m) {
       .def("put", &PyStore::Put, py::arg("feature"), py::arg("keys"), py::arg("values"), py::arg("offsets") = py::none())
       .def("delete", &PyStore::Delete)
       .def("flush", &PyStore::Flush, py::arg("force") = false)
+      .def("compact", &PyStore::Compact, py::arg("features") = std::vector<std::string>())
       .def("sync", &PyStore::Sync)
       .def("close", &PyStore::Close)
       .def("scan_many", &PyStore::ScanMany)

@@ -18,6 +18,7 @@
 // rest; a crash after (3) leaves orphaned slots that recovery treats as free.
 #pragma once
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -59,11 +60,32 @@ struct ReadStats {
   double seconds = 0;
 };
 
+// Allocator for read results: large buffers are 2 MiB aligned and advised for transparent
+// huge pages, so filling a multi-GB scan result costs few page faults.
+template <typename T>
+struct HugeAlloc {
+  using value_type = T;
+  HugeAlloc() = default;
+  template <typename U>
+  HugeAlloc(const HugeAlloc<U>&) {}
+  T* allocate(size_t n);
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const HugeAlloc<U>&) const { return true; }
+};
+void* HugeAllocate(size_t bytes);
+template <typename T>
+T* HugeAlloc<T>::allocate(size_t n) {
+  return static_cast<T*>(HugeAllocate(n * sizeof(T)));
+}
+template <typename T>
+using HVec = std::vector<T, HugeAlloc<T>>;
+
 // Result of a read for one feature. Values of fixed-width types are packed; variable-width
 // ones are delimited by element offsets (Arrow list/binary offsets).
 struct ColumnData {
-  std::vector<uint64_t> keys;
-  std::vector<uint8_t> values;
+  HVec<uint64_t> keys;
+  HVec<uint8_t> values;
   std::vector<int32_t> offsets;  // variable-width types: size n + 1, in elements
   std::vector<uint8_t> found;    // get(): 1 where the key has a value
 };
@@ -73,6 +95,7 @@ struct PageRef {
   uint32_t page;
   uint32_t count;
   uint32_t valid;
+  uint32_t tombs;
   uint64_t seq;
   uint64_t min_key, max_key;
 };
@@ -97,14 +120,20 @@ class Store {
   Status Delete(const std::string& feature, const uint64_t* keys, size_t n);
   // force: also write what the pinner holds (close() uses it).
   Status Flush(bool force);
+  // Full merge of the named features (all when empty): every page holding them is gathered
+  // and their items rewritten packed, in key order — the read-optimal layout.
+  Status Compact(const std::vector<std::string>& features);
   Status Sync();
   Status Close();
 
+  // Items with lo <= key < hi; hi == UINT64_MAX means "no upper bound" (the largest key
+  // included), since a half-open range could not otherwise reach it.
   Status ScanMany(const std::vector<std::string>& features, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
                   ReadStats* st);
   Status Get(const std::string& feature, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st);
 
   std::string StatsJson();
+  Status CheckOpenStatus() { return CheckOpen(); }
   const std::string& path() const { return path_; }
   uint32_t page_size() const { return o_.page_size; }
 

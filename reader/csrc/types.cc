@@ -22,11 +22,11 @@ Status ParseValueType(const std::string& in, ValueType* type, uint32_t* dim) {
   for (char c : in)
     if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(static_cast<char>(std::tolower(c)));
   *dim = 0;
-  if (s == "float32" || s == "float") { *type = ValueType::kFloat32; return Status::OK(); }
+  if (s == "float32") { *type = ValueType::kFloat32; return Status::OK(); }
   if (s == "int64") { *type = ValueType::kInt64; return Status::OK(); }
   if (s == "list<int64>") { *type = ValueType::kListInt64; return Status::OK(); }
   if (s == "list<float32>") { *type = ValueType::kListFloat32; return Status::OK(); }
-  if (s == "binary" || s == "bytes") { *type = ValueType::kBinary; return Status::OK(); }
+  if (s == "binary") { *type = ValueType::kBinary; return Status::OK(); }
   const std::string prefix = "fixed_size_list<float32,";
   if (s.rfind(prefix, 0) == 0 && s.back() == '>') {
     std::string num = s.substr(prefix.size(), s.size() - prefix.size() - 1);

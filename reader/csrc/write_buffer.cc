@@ -75,7 +75,7 @@ void FeatureBuffer::CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out) {
   Normalize();
   const auto& k = items_.keys;
   const size_t a = std::lower_bound(k.begin(), k.end(), lo) - k.begin();
-  const size_t z = std::lower_bound(k.begin(), k.end(), hi) - k.begin();
+  const size_t z = hi == UINT64_MAX ? k.size() : std::lower_bound(k.begin(), k.end(), hi) - k.begin();
   out->keys.assign(k.begin() + a, k.begin() + z);
   out->tomb.assign(items_.tomb.begin() + a, items_.tomb.begin() + z);
   out->len.assign(items_.len.begin() + a, items_.len.begin() + z);

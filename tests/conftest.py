@@ -1,0 +1,51 @@
+"""Fixtures for the recflash tests.
+
+Run with the venv's pytest binary (``.venv/bin/pytest tests/``), never ``python -m pytest`` from
+the repository root: the root folder ``recflash/`` would shadow the installed package.
+There is deliberately no ``tests/__init__.py`` (it would put the repository root on sys.path).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+_here = os.path.dirname(os.path.abspath(__file__))
+if _here not in sys.path:  # storeutil lives next to this file
+    sys.path.insert(0, _here)
+
+from storeutil import small_options  # noqa: E402
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    """A path where a new store gets created (does not exist yet)."""
+    return str(tmp_path / "store")
+
+
+@pytest.fixture
+def opts():
+    return small_options()
+
+
+@pytest.fixture
+def open_store(store_path, opts):
+    """Factory opening stores (default: the test's store_path with small options); every store
+    it opened is closed at teardown."""
+    from recflash.reader import Store
+
+    opened = []
+
+    def _open(path=None, options=None):
+        s = Store.open(path or store_path, options or opts)
+        opened.append(s)
+        return s
+
+    yield _open
+    for s in opened:
+        try:
+            s.close()
+        except Exception:  # already closed, or the test left it broken on purpose
+            pass

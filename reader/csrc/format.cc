@@ -200,6 +200,7 @@ SegmentView PageView::Segment(uint32_t i) const {
   v.count = d.count;
   v.min_key = d.min_key;
   v.max_key = d.max_key;
+  v.length = d.length + sizeof(SegDesc);
   const uint8_t* body = buf_ + d.offset;
   v.run_keys = body[0] == 0;
   std::memcpy(&v.keys_bytes, body + 4, 4);

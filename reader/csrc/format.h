@@ -120,6 +120,8 @@ struct SegmentView {
   const uint8_t* tomb = nullptr;  // bitmap or nullptr
   const uint8_t* values = nullptr;
   uint32_t width = 0;  // filled by the caller from the feature definition (0 = variable)
+  uint32_t length = 0;  // on-disk bytes of the segment, directory entry included
+  double bytes_per_record() const { return count ? static_cast<double>(length) / count : 0.0; }
 
   bool is_tomb(uint32_t i) const { return tomb && (tomb[i >> 3] >> (i & 7) & 1); }
   // Decodes all keys into out[0, count).

@@ -191,6 +191,8 @@ void MetaStore::PutState(rocksdb::WriteBatch* b, const PersistentState& st) {
   PutRaw<uint64_t>(&v, st.next_seq);
   PutRaw<uint64_t>(&v, st.wal_start);
   PutRaw<uint32_t>(&v, st.next_fid);
+  PutRaw<uint64_t>(&v, st.user_bytes_written);
+  PutRaw<uint64_t>(&v, st.pages_written);
   b->Put("S", v);
 }
 
@@ -257,6 +259,9 @@ Status MetaStore::LoadState(PersistentState* st, bool* found) {
   if (!s.ok()) return Status::IOError("metadata read failed in '" + dir_ + "': " + s.ToString());
   size_t pos = 0;
   if (!GetRaw(v, &pos, &st->next_seq) || !GetRaw(v, &pos, &st->wal_start) || !GetRaw(v, &pos, &st->next_fid))
+    return Status::Corruption("state record in '" + dir_ + "' is truncated");
+  // Counters were added later; a record without them starts them at zero.
+  if (pos < v.size() && (!GetRaw(v, &pos, &st->user_bytes_written) || !GetRaw(v, &pos, &st->pages_written)))
     return Status::Corruption("state record in '" + dir_ + "' is truncated");
   return Status::OK();
 }

@@ -120,6 +120,10 @@ struct PersistentState {
   uint64_t next_seq = 1;
   uint64_t wal_start = 1;
   uint32_t next_fid = 0;
+  // Lifetime counters, committed with each flush/merge so amplification figures survive
+  // reopening. (Items acknowledged but not yet flushed count once their flush commits.)
+  uint64_t user_bytes_written = 0;
+  uint64_t pages_written = 0;
 };
 
 // RocksDB-backed persistence of the tables.

@@ -445,6 +445,11 @@ Status Store::ReplayWal(uint64_t* max_number) {
       ::unlink(name.c_str());  // its items are in committed pages
       continue;
     }
+    std::error_code ec;
+    if (fs::file_size(name, ec) == 0 && !ec) {
+      ::unlink(name.c_str());  // holds nothing (e.g. the fresh file of a session that wrote nothing)
+      continue;
+    }
     bool torn = false;
     RF_RETURN_IF_ERROR(ReadWalFile(
         name,
@@ -548,10 +553,10 @@ Status Store::CreateFeature(const std::string& name, const std::string& type, Fe
   MetaStore::PutState(&b, next);
   RF_RETURN_IF_ERROR(meta_.Commit(&b));
   pstate_ = next;
-  FeatureState* f = features_.Add(d);
-  f->index.track_lengths(d.variable());
   {
     std::lock_guard<std::mutex> l(mu_);
+    FeatureState* f = features_.Add(d);
+    f->index.track_lengths(d.variable());
     defs_[name] = d;
   }
   *out = d;
@@ -740,7 +745,7 @@ Status Store::FlushLocked(bool force) {
     size_t hint = 0;
     for (size_t i = 0; i < b.size(); i++) {
       const int64_t pos = f->index.FindFrom(b.keys[i], &hint);
-      user_bytes_written_ += ItemBytes(b.len[i]);
+      pstate_.user_bytes_written += ItemBytes(b.len[i]);
       if (b.tomb[i] && pos == KeyIndex::kAbsent) continue;  // nothing on disk to hide
       if (b.tomb[i] && pos != KeyIndex::kAbsent && (f->index.loc(pos) & KeyIndex::kTomb)) continue;  // already deleted
       recs.push_back({fid, b.keys[i], b.tomb[i] != 0, b.value(i), b.len[i], pos});
@@ -857,8 +862,7 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
   }
   RF_RETURN_IF_ERROR(write_ring_->WriteRuns(file_.fd(), pages_path_, ps, runs, src));
   RF_RETURN_IF_ERROR(file_.Sync());
-  pages_written_ += npages;
-  bytes_written_ += npages * static_cast<uint64_t>(ps);
+  pstate_.pages_written += npages;
   *pages_written = npages;
 
   // The pages are durable: update the tables (committed to RocksDB by the caller).
@@ -882,6 +886,7 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
   }
   std::vector<uint64_t> new_keys;
   std::vector<uint32_t> new_locs, new_lens;
+  std::lock_guard<std::mutex> index_lock(mu_);  // get() reads the key index under mu_
   for (size_t r = 0; r < recs.size(); r++) {
     const Rec& x = recs[r];
     FeatureState* f = features_.Get(x.fid);
@@ -1090,12 +1095,14 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   std::set<uint32_t> dirty, freed;
   uint64_t pw = 0;
   RF_RETURN_IF_ERROR(WriteRecordsLocked(recs, &dirty, &freed, &pw));
+  std::unique_lock<std::mutex> index_lock(mu_);
   for (auto& [fid, positions] : drop) {
     FeatureState* f = features_.Get(fid);
     std::sort(positions.begin(), positions.end());
     for (size_t pos : positions) InvalidateLocked(f, pos, &dirty, &freed);
     f->index.Erase(positions);
   }
+  index_lock.unlock();
   RF_RETURN_IF_ERROR(CommitLocked(dirty, freed));
   {
     auto v = BuildVersion(current_->number + 1);
@@ -1165,6 +1172,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
 
   struct Chunk {
     uint64_t seq = 0;
+    double enc = 0;     // encoded bytes per record
     bool clean = true;  // no stale records and no tombstones
     std::vector<uint64_t> keys;
     std::vector<uint8_t> tomb;
@@ -1197,6 +1205,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
     (*out)[i].values.resize(total * defs[i].fixed_width());
   }
   std::vector<uint64_t> tmp;
+  double encoded = 0;
   auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
     for (uint32_t k = 0; k < run.count; k++) {
       const uint32_t pid = run.first + k;
@@ -1221,6 +1230,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
           if (sv.min_key < lo) a = static_cast<uint32_t>(std::lower_bound(kp, kp + sv.count, lo) - kp);
           if (!to_end && sv.max_key >= hi) z = static_cast<uint32_t>(upper(kp, kp + sv.count) - kp);
           span[i][j] = {a, z};
+          encoded += (z - a) * sv.bytes_per_record();
           std::memcpy(col.values.data() + (slot[i][j] + a) * sv.width, sv.values + static_cast<size_t>(a) * sv.width,
                       static_cast<size_t>(z - a) * sv.width);
           continue;
@@ -1231,6 +1241,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
         const size_t z = upper(tmp.data(), tmp.data() + tmp.size()) - tmp.data();
         Chunk& c = chunks[i][j];
         c.seq = pv.seq();
+        c.enc = sv.bytes_per_record();
         c.clean = refs[i][j].valid == refs[i][j].count && !sv.tomb;
         c.keys.assign(tmp.begin() + a, tmp.begin() + z);
         if (sv.tomb) {
@@ -1284,122 +1295,206 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
       continue;
     }
     auto& cs = chunks[i];
-    // Disk stream in key order: (chunk, index) pairs.
-    std::vector<uint32_t> order(cs.size());
-    std::iota(order.begin(), order.end(), 0u);
-    order.erase(std::remove_if(order.begin(), order.end(), [&](uint32_t c) { return cs[c].keys.empty(); }), order.end());
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return cs[a].keys.front() < cs[b].keys.front(); });
-    bool simple = true;
-    for (size_t k = 0; k < order.size() && simple; k++) {
-      simple = cs[order[k]].clean && (k == 0 || cs[order[k - 1]].keys.back() < cs[order[k]].keys.front());
-    }
-    std::vector<std::pair<uint32_t, uint32_t>> stream;  // (chunk, record) for the general path
-    std::vector<std::vector<uint64_t>> voff;           // variable-width: value offsets per chunk
-    if (!w) {
-      voff.resize(cs.size());
-      for (size_t c = 0; c < cs.size(); c++) {
-        voff[c].resize(cs[c].lens.size() + 1, 0);
-        for (size_t r = 0; r < cs[c].lens.size(); r++) voff[c][r + 1] = voff[c][r] + cs[c].lens[r];
-      }
-    }
-    if (!simple) {
-      // Newest page wins per key; tombstones hide older versions.
-      struct E {
-        uint64_t key, seq;
-        uint32_t c, r;
-      };
-      std::vector<E> es;
-      for (uint32_t c : order)
-        for (uint32_t r = 0; r < cs[c].keys.size(); r++) es.push_back({cs[c].keys[r], cs[c].seq, c, r});
-      std::sort(es.begin(), es.end(), [](const E& a, const E& b) { return a.key < b.key || (a.key == b.key && a.seq > b.seq); });
-      for (size_t k = 0; k < es.size(); k++) {
-        if (k > 0 && es[k].key == es[k - 1].key) continue;
-        if (!cs[es[k].c].tomb.empty() && cs[es[k].c].tomb[es[k].r]) continue;
-        stream.emplace_back(es[k].c, es[k].r);
-      }
-    }
     const BufferedItems& b = buf[i];
+    // Chunks (one per page) in order of first key.
+    std::vector<uint32_t> order;
+    size_t total = 0, vbytes = 0;
+    for (uint32_t c = 0; c < cs.size(); c++) {
+      if (cs[c].keys.empty()) continue;
+      order.push_back(c);
+      total += cs[c].keys.size();
+      vbytes += cs[c].vals.size();
+    }
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t c) {
+      return cs[a].keys.front() < cs[c].keys.front() ||
+             (cs[a].keys.front() == cs[c].keys.front() && cs[a].seq > cs[c].seq);
+    });
+    std::vector<std::vector<uint64_t>> voff(w ? 0 : cs.size());  // value byte offsets per chunk
+    for (size_t c = 0; c < voff.size(); c++) {
+      voff[c].resize(cs[c].lens.size() + 1, 0);
+      for (size_t r = 0; r < cs[c].lens.size(); r++) voff[c][r + 1] = voff[c][r] + cs[c].lens[r];
+    }
+    col.keys.reserve(total + b.size());
+    col.values.reserve(vbytes + b.arena.size());
     if (!w) col.offsets.push_back(0);
-    auto emit_disk = [&](uint32_t c, uint32_t r) {
+    uint64_t out_bytes = 0;
+    size_t k = 0;  // buffer cursor
+    auto emit_buf = [&](size_t e) {
+      if (b.tomb[e]) return;
+      col.keys.push_back(b.keys[e]);
+      col.values.insert(col.values.end(), b.value(e), b.value(e) + b.len[e]);
+      out_bytes += b.len[e];
+      if (!w) col.offsets.push_back(static_cast<int32_t>(out_bytes / elem));
+    };
+    // Copies records [r0, r1) of a chunk: all are current versions (tombstones skipped).
+    auto copy_disk = [&](uint32_t c, uint32_t r0, uint32_t r1) {
       const Chunk& ch = cs[c];
-      col.keys.push_back(ch.keys[r]);
-      uint32_t len = w;
-      if (w) {
-        col.values.insert(col.values.end(), ch.vals.begin() + static_cast<size_t>(r) * w,
-                          ch.vals.begin() + static_cast<size_t>(r + 1) * w);
-      } else {
-        len = ch.lens[r];
-        col.values.insert(col.values.end(), ch.vals.begin() + voff[c][r], ch.vals.begin() + voff[c][r] + len);
-        col.offsets.push_back(static_cast<int32_t>(col.values.size() / elem));
-      }
-      useful += ItemBytes(len);
-    };
-    auto emit_buf = [&](size_t k) {
-      if (b.tomb[k]) return;
-      col.keys.push_back(b.keys[k]);
-      col.values.insert(col.values.end(), b.value(k), b.value(k) + b.len[k]);
-      if (!w) col.offsets.push_back(static_cast<int32_t>(col.values.size() / elem));
-    };
-    if (simple && b.size() == 0) {
-      // The common case for a merged feature: disjoint clean pages, nothing buffered.
-      size_t total = 0;
-      for (uint32_t c : order) total += cs[c].keys.size();
-      col.keys.reserve(total);
-      size_t vbytes = 0;
-      for (uint32_t c : order) vbytes += cs[c].vals.size();
-      col.values.reserve(vbytes);
-      for (uint32_t c : order) {
-        const Chunk& ch = cs[c];
-        col.keys.insert(col.keys.end(), ch.keys.begin(), ch.keys.end());
-        uint64_t end = col.values.size();
-        col.values.insert(col.values.end(), ch.vals.begin(), ch.vals.end());
-        if (!w) {
-          for (size_t r = 0; r < ch.lens.size(); r++) {
+      if (r0 >= r1) return;
+      encoded += (r1 - r0) * ch.enc;
+      if (ch.tomb.empty()) {
+        col.keys.insert(col.keys.end(), ch.keys.begin() + r0, ch.keys.begin() + r1);
+        if (w) {
+          col.values.insert(col.values.end(), ch.vals.begin() + static_cast<size_t>(r0) * w,
+                            ch.vals.begin() + static_cast<size_t>(r1) * w);
+          out_bytes += static_cast<uint64_t>(r1 - r0) * w;
+          useful += static_cast<uint64_t>(r1 - r0) * ItemBytes(w);
+        } else {
+          col.values.insert(col.values.end(), ch.vals.begin() + voff[c][r0], ch.vals.begin() + voff[c][r1]);
+          for (uint32_t r = r0; r < r1; r++) {
+            out_bytes += ch.lens[r];
             useful += ItemBytes(ch.lens[r]);
-            end += ch.lens[r];
-            col.offsets.push_back(static_cast<int32_t>(end / elem));
+            col.offsets.push_back(static_cast<int32_t>(out_bytes / elem));
           }
+        }
+        return;
+      }
+      for (uint32_t r = r0; r < r1; r++) {
+        if (ch.tomb[r]) continue;
+        col.keys.push_back(ch.keys[r]);
+        const uint32_t len = w ? w : ch.lens[r];
+        const uint64_t off = w ? static_cast<uint64_t>(r) * w : voff[c][r];
+        col.values.insert(col.values.end(), ch.vals.begin() + off, ch.vals.begin() + off + len);
+        out_bytes += len;
+        useful += ItemBytes(len);
+        if (!w) col.offsets.push_back(static_cast<int32_t>(out_bytes / elem));
+      }
+    };
+    // A run of winning records, overlaid with the buffered writes (which are newer).
+    auto emit_run = [&](uint32_t c, uint32_t r0, uint32_t r1) {
+      const Chunk& ch = cs[c];
+      while (k < b.size() && b.keys[k] < ch.keys[r0]) emit_buf(k++);
+      uint32_t r = r0;
+      while (r < r1) {
+        if (k < b.size() && b.keys[k] <= ch.keys[r1 - 1]) {
+          const uint64_t bk = b.keys[k];
+          uint32_t rr = static_cast<uint32_t>(std::lower_bound(ch.keys.begin() + r, ch.keys.begin() + r1, bk) - ch.keys.begin());
+          copy_disk(c, r, rr);
+          emit_buf(k++);
+          if (rr < r1 && ch.keys[rr] == bk) rr++;  // overridden by the buffer
+          r = rr;
         } else {
-          useful += ch.keys.size() * ItemBytes(w);
+          copy_disk(c, r, r1);
+          r = r1;
         }
       }
-    } else {
-      if (simple)
-        for (uint32_t c : order)
-          for (uint32_t r = 0; r < cs[c].keys.size(); r++) stream.emplace_back(c, r);
-      size_t d = 0, k = 0;
-      while (d < stream.size() || k < b.size()) {
-        if (k == b.size()) {
-          emit_disk(stream[d].first, stream[d].second);
-          d++;
-          continue;
+    };
+    // K-way merge of the chunks by (key, newest seq first), emitting maximal runs of one
+    // chunk at a time: a run extends while its keys stay below every other chunk's next key,
+    // so non-overlapping pages cost one bulk copy each and only interleaved stretches pay
+    // for heap operations. An older version of an emitted key is skipped.
+    // Dense keys (the usual case: item ids): scatter each page's records into a slot per key,
+    // pages in ascending seq so the newest version lands last, then sweep the slots in key
+    // order. O(records + key span), no comparisons between pages. Windows bound the memory.
+    uint64_t kmin = UINT64_MAX, kmax = 0;
+    for (uint32_t c : order) {
+      kmin = std::min(kmin, cs[c].keys.front());
+      kmax = std::max(kmax, cs[c].keys.back());
+    }
+    const bool dense = order.size() > 1 && kmax - kmin < 2 * total + 4096;
+    if (dense) {
+      constexpr uint64_t kWindow = 1u << 22;
+      std::vector<uint32_t> by_seq(order);
+      std::sort(by_seq.begin(), by_seq.end(), [&](uint32_t a, uint32_t c) { return cs[a].seq < cs[c].seq; });
+      std::vector<uint32_t> wc(std::min<uint64_t>(kWindow, kmax - kmin + 1)), wr(wc.size());
+      std::vector<uint32_t> cur(cs.size(), 0);
+      for (uint64_t wlo = kmin;; wlo += kWindow) {
+        const uint64_t span = std::min<uint64_t>(kWindow, kmax - wlo + 1);
+        std::fill(wc.begin(), wc.begin() + span, 0u);
+        for (uint32_t c : by_seq) {
+          const auto& ks = cs[c].keys;
+          uint32_t r = cur[c];
+          const uint32_t n = static_cast<uint32_t>(ks.size());
+          for (; r < n && ks[r] - wlo < span; r++) {
+            wc[ks[r] - wlo] = c + 1;
+            wr[ks[r] - wlo] = r;
+          }
+          cur[c] = r;
         }
-        if (d == stream.size()) {
-          emit_buf(k++);
-          continue;
+        for (uint64_t x = 0; x < span; x++) {
+          if (!wc[x]) continue;
+          const uint64_t key = wlo + x;
+          while (k < b.size() && b.keys[k] < key) emit_buf(k++);
+          if (k < b.size() && b.keys[k] == key) {
+            emit_buf(k++);  // the buffered write is newer
+            continue;
+          }
+          const uint32_t c = wc[x] - 1, r = wr[x];
+          const Chunk& ch = cs[c];
+          if (!ch.tomb.empty() && ch.tomb[r]) continue;
+          encoded += ch.enc;
+          col.keys.push_back(key);
+          if (w) {
+            const size_t at = col.values.size();
+            col.values.resize(at + w);
+            std::memcpy(col.values.data() + at, ch.vals.data() + static_cast<size_t>(r) * w, w);
+            out_bytes += w;
+            useful += ItemBytes(w);
+          } else {
+            const uint32_t len = ch.lens[r];
+            col.values.insert(col.values.end(), ch.vals.begin() + voff[c][r], ch.vals.begin() + voff[c][r] + len);
+            out_bytes += len;
+            useful += ItemBytes(len);
+            col.offsets.push_back(static_cast<int32_t>(out_bytes / elem));
+          }
         }
-        const uint64_t dk = cs[stream[d].first].keys[stream[d].second];
-        if (dk < b.keys[k]) {
-          emit_disk(stream[d].first, stream[d].second);
-          d++;
-        } else if (dk == b.keys[k]) {
-          d++;  // the buffered write is newer
-          emit_buf(k++);
-        } else {
-          emit_buf(k++);
-        }
+        if (kmax - wlo < kWindow) break;
+      }
+      order.clear();  // consumed: skip the merge below
+    }
+    struct HE {
+      uint64_t key, seq;
+      uint32_t c;
+    };
+    auto later = [](const HE& a, const HE& b2) { return a.key > b2.key || (a.key == b2.key && a.seq < b2.seq); };
+    std::vector<HE> heap;
+    std::vector<uint32_t> pos(cs.size(), 0);
+    size_t nx = 0;
+    bool have_last = false;
+    uint64_t last = 0;
+    for (;;) {
+      while (nx < order.size() && (heap.empty() || cs[order[nx]].keys.front() <= heap.front().key)) {
+        const uint32_t c = order[nx++];
+        heap.push_back({cs[c].keys[0], cs[c].seq, c});
+        std::push_heap(heap.begin(), heap.end(), later);
+      }
+      if (heap.empty()) break;
+      std::pop_heap(heap.begin(), heap.end(), later);
+      const HE t = heap.back();
+      heap.pop_back();
+      const Chunk& ch = cs[t.c];
+      const uint32_t r = pos[t.c];
+      const uint32_t n = static_cast<uint32_t>(ch.keys.size());
+      uint32_t r1 = r + 1;
+      if (have_last && ch.keys[r] == last) {
+        // an older version of a key already emitted
+      } else {
+        uint64_t bound = UINT64_MAX;
+        if (!heap.empty()) bound = heap.front().key;
+        if (nx < order.size()) bound = std::min(bound, cs[order[nx]].keys.front());
+        r1 = static_cast<uint32_t>(std::lower_bound(ch.keys.begin() + r + 1, ch.keys.end(), bound) - ch.keys.begin());
+        emit_run(t.c, r, r1);
+        last = ch.keys[r1 - 1];
+        have_last = true;
+      }
+      pos[t.c] = r1;
+      if (r1 < n) {
+        heap.push_back({ch.keys[r1], ch.seq, t.c});
+        std::push_heap(heap.begin(), heap.end(), later);
       }
     }
+    while (k < b.size()) emit_buf(k++);
     items += col.keys.size();
   }
   st->pages_read = pids.size();
   st->bytes_read = pids.size() * static_cast<uint64_t>(ps);
   st->useful_bytes = useful;
+  st->encoded_bytes = encoded;
   st->items = items;
   st->seconds = Now() - t0;
   pages_read_ += st->pages_read;
   bytes_read_ += st->bytes_read;
   useful_bytes_read_ += useful;
+  encoded_bytes_read_ = encoded_bytes_read_ + encoded;
   reads_++;
   return Status::OK();
 }
@@ -1425,6 +1520,10 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   std::vector<Best> best(uk.size());
   std::vector<uint8_t> arena;
   std::shared_ptr<const Version> v;
+  // Page of each requested key's current version, from the key index. Buffer, index and
+  // version are read under mu_: the writer mutates the index under mu_ too, and a page the
+  // index names stays readable while this reader is registered (pending-free rule).
+  std::unordered_map<uint32_t, std::vector<uint32_t>> want;  // page -> positions in uk
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
@@ -1445,25 +1544,23 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
         }
       }
     }
+    const FeatureState* f = features_.Get(def.id);
+    size_t hint = 0;
+    for (size_t i = 0; i < uk.size(); i++) {
+      if (best[i].src == 1) continue;
+      const int64_t pos = f->index.FindFrom(uk[i], &hint);
+      if (pos == KeyIndex::kAbsent) continue;
+      const uint32_t loc = f->index.loc(static_cast<size_t>(pos));
+      if (loc & KeyIndex::kTomb) continue;
+      want[loc].push_back(static_cast<uint32_t>(i));
+    }
   }
   ReaderGuard guard(this, v->number);
   std::vector<uint32_t> pids;
-  std::unordered_map<uint32_t, uint32_t> ref_of;
-  const std::vector<PageRef>* refs = def.id < v->features.size() && v->features[def.id] ? v->features[def.id].get() : nullptr;
-  if (refs) {
-    for (uint32_t r = 0; r < refs->size(); r++) {
-      const PageRef& pr = (*refs)[r];
-      auto it = std::lower_bound(uk.begin(), uk.end(), pr.min_key);
-      bool need = false;
-      for (; it != uk.end() && *it <= pr.max_key && !need; ++it) need = best[it - uk.begin()].src != 1;
-      if (need) {
-        pids.push_back(pr.page);
-        ref_of[pr.page] = r;
-      }
-    }
-  }
+  for (const auto& [p, ks] : want) pids.push_back(p);
   std::sort(pids.begin(), pids.end());
   uint64_t useful = 0;
+  double encoded = 0;
   std::vector<uint64_t> tmp;
   auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
     for (uint32_t k = 0; k < run.count; k++) {
@@ -1473,26 +1570,27 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
       SegmentView sv;
       if (!pv.Find(def.id, &sv))
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
-                                  "' lacks the segment of feature '" + def.name + "' that the metadata lists");
+                                  "' lacks the segment of feature '" + def.name + "' that the key index names");
       sv.width = w;
       tmp.resize(sv.count);
       sv.DecodeKeys(tmp.data());
-      auto it = std::lower_bound(uk.begin(), uk.end(), sv.min_key);
-      for (; it != uk.end() && *it <= sv.max_key; ++it) {
-        Best& bb = best[it - uk.begin()];
-        if (bb.src == 1 || (bb.src == 2 && bb.seq > pv.seq())) continue;
-        auto f = std::lower_bound(tmp.begin(), tmp.end(), *it);
-        if (f == tmp.end() || *f != *it) continue;
+      for (uint32_t u : want[pid]) {
+        auto f = std::lower_bound(tmp.begin(), tmp.end(), uk[u]);
+        if (f == tmp.end() || *f != uk[u])
+          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks key " +
+                                    std::to_string(uk[u]) + " of feature '" + def.name + "' that the key index names");
         const uint32_t r = static_cast<uint32_t>(f - tmp.begin());
         const uint8_t* p;
         uint32_t len;
         sv.Value(r, &p, &len);
+        Best& bb = best[u];
         bb.src = 2;
         bb.seq = pv.seq();
-        bb.tomb = sv.is_tomb(r);
+        bb.tomb = false;
         bb.off = arena.size();
-        bb.len = bb.tomb ? 0 : len;
-        arena.insert(arena.end(), p, p + bb.len);
+        bb.len = len;
+        arena.insert(arena.end(), p, p + len);
+        encoded += sv.bytes_per_record();
       }
     }
     return Status::OK();
@@ -1528,11 +1626,13 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   st->pages_read = pids.size();
   st->bytes_read = pids.size() * static_cast<uint64_t>(ps);
   st->useful_bytes = useful;
+  st->encoded_bytes = encoded;
   st->items = items;
   st->seconds = Now() - t0;
   pages_read_ += st->pages_read;
   bytes_read_ += st->bytes_read;
   useful_bytes_read_ += useful;
+  encoded_bytes_read_ = encoded_bytes_read_ + encoded;
   reads_++;
   return Status::OK();
 }
@@ -1603,19 +1703,20 @@ std::string Store::StatsJson() {
   j.KV("space_amplification", live_bytes ? static_cast<double>(file_bytes) / live_bytes : 0.0);
   j.KV("space_amplification_pages", disk_amp);
   j.KV("read_amplification", useful_bytes_read_ ? static_cast<double>(bytes_read_) / useful_bytes_read_ : 0.0);
-  j.KV("write_amplification", user_bytes_written_ ? static_cast<double>(bytes_written_) / user_bytes_written_ : 0.0);
-  j.KV("write_amplification_total", user_bytes_written_
-                                        ? static_cast<double>(bytes_written_ + wal_bytes + meta_.bytes_committed()) /
-                                              user_bytes_written_
-                                        : 0.0);
+  const uint64_t user_bytes = pstate_.user_bytes_written;
+  const uint64_t bytes_written = pstate_.pages_written * ps;
+  j.KV("write_amplification", user_bytes ? static_cast<double>(bytes_written) / user_bytes : 0.0);
+  j.KV("write_amplification_session_total",
+       user_bytes ? static_cast<double>(bytes_written + wal_bytes + meta_.bytes_committed()) / user_bytes : 0.0);
+  j.KV("read_amplification_encoded", encoded_bytes_read_ > 0 ? bytes_read_ / encoded_bytes_read_ : 0.0);
   j.KV("pages_read", static_cast<double>(pages_read_));
   j.KV("bytes_read", static_cast<double>(bytes_read_));
   j.KV("useful_bytes_read", static_cast<double>(useful_bytes_read_));
   j.KV("reads", static_cast<double>(reads_));
-  j.KV("pages_written", static_cast<double>(pages_written_));
-  j.KV("bytes_written", static_cast<double>(bytes_written_));
+  j.KV("pages_written", static_cast<double>(pstate_.pages_written));
+  j.KV("bytes_written", static_cast<double>(bytes_written));
   j.KV("flush_pages_written", static_cast<double>(flush_pages_written_));
-  j.KV("user_bytes_written", static_cast<double>(user_bytes_written_));
+  j.KV("user_bytes_written", static_cast<double>(user_bytes));
   j.KV("wal_bytes_written", static_cast<double>(wal_bytes));
   j.KV("metadata_bytes_committed", static_cast<double>(meta_.bytes_committed()));
   j.KV("metadata_dram_bytes", static_cast<double>(meta_bytes));

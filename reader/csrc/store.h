@@ -56,6 +56,10 @@ struct ReadStats {
   uint64_t pages_read = 0;
   uint64_t bytes_read = 0;
   uint64_t useful_bytes = 0;  // logical bytes (8 + value) of the items returned from pages
+  // On-disk (encoded) bytes of those items: their share of the segments they were read from.
+  // bytes_read / encoded_bytes is the layout's read amplification (1.0 = only own bytes),
+  // independent of how well keys compress.
+  double encoded_bytes = 0;
   uint64_t items = 0;
   double seconds = 0;
 };
@@ -200,7 +204,8 @@ class Store {
 
   // Counters.
   std::atomic<uint64_t> pages_read_{0}, bytes_read_{0}, useful_bytes_read_{0}, reads_{0};
-  uint64_t pages_written_ = 0, bytes_written_ = 0, user_bytes_written_ = 0, flushes_ = 0;
+  uint64_t flushes_ = 0;  // lifetime byte counters live in pstate_
+  std::atomic<double> encoded_bytes_read_{0};
   uint64_t flush_pages_written_ = 0;
   uint64_t recovered_wal_records_ = 0;
   double recovery_seconds_ = 0;

@@ -1,0 +1,91 @@
+# recflash — setup, build, test, demo. Run from the repository root.
+#
+#   make setup   system packages (apt), .venv with the pinned Python stack, then the package
+#   make test    setup + pytest (from the repo root, with the venv's pytest executable)
+#   make demo    setup + examples/demo.py
+#   make build   reinstall the package only (incremental C++ build under build/)
+#   make clean   remove build/ (keeps .venv)
+#
+# Everything is idempotent: re-running `make setup` skips apt when every package is present,
+# skips pip when requirements.txt is unchanged, and always reinstalls the package itself.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+# The steps of `setup` must run in order, also under `make -j`.
+.NOTPARALLEL:
+
+PYTHON       ?= python3
+VENV         := .venv
+VPY          := $(VENV)/bin/python
+PIP          := $(VENV)/bin/pip
+APT_PACKAGES := liburing-dev librocksdb-dev pkg-config fio cmake ninja-build g++
+# torchrec's wheel asks for the CUDA fbgemm-gpu; fbgemm-gpu-cpu is pinned in requirements.txt,
+# so torchrec goes in without its dependencies.
+TORCHREC     := torchrec==1.9.2
+REQ_STAMP    := $(VENV)/.recflash-requirements.sha256
+PYTEST_ARGS  ?=
+DEMO_ARGS    ?=
+
+.PHONY: help setup system-deps python-deps build test demo clean
+
+help:
+	@sed -n '3,7p' Makefile | sed 's/^# \{0,1\}//'
+
+setup: system-deps python-deps build
+
+# apt only when something is missing (dpkg-query), so re-runs stay fast and offline.
+# When $(PYTHON) is Debian's own and lacks venv support or headers, its packages are added too.
+system-deps:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q ' installed$$' || missing="$$missing $$p"; \
+	done; \
+	extra=""; \
+	if ! command -v $(PYTHON) >/dev/null 2>&1; then extra="python3 python3-venv python3-dev"; \
+	elif ! $(PYTHON) -c 'import ensurepip, os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then \
+	  extra="python3-venv python3-dev"; fi; \
+	if [ -z "$$missing$$extra" ]; then echo "setup: system packages present"; \
+	else \
+	  echo "setup: installing system packages:$$missing $$extra"; \
+	  SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo"; fi; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y $(APT_PACKAGES) $$extra; \
+	fi
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# pip runs only when requirements.txt (or the torchrec pin) changed since the last success.
+python-deps: $(VPY)
+	@want="$$( { sha256sum requirements.txt; echo '$(TORCHREC)'; } | sha256sum | cut -d' ' -f1 )"; \
+	if [ -f $(REQ_STAMP) ] && [ "$$(cat $(REQ_STAMP))" = "$$want" ]; then \
+	  echo "setup: Python dependencies up to date"; \
+	else \
+	  $(PIP) install --upgrade pip; \
+	  $(PIP) install -r requirements.txt; \
+	  $(PIP) install --no-deps $(TORCHREC); \
+	  echo "$$want" > $(REQ_STAMP); \
+	fi
+
+# scikit-build-core keeps its CMake/ninja build dir under build/, so this is quick when
+# nothing changed. --no-build-isolation uses scikit-build-core/pybind11 from the venv.
+build:
+	@test -x $(PIP) || { echo "no $(VENV): run 'make setup' first" >&2; exit 1; }
+	$(PIP) install --no-build-isolation --no-deps .
+
+# The venv's pytest executable, not `python -m pytest`: `-m` puts the cwd on sys.path and the
+# repo-root folder recflash/ would shadow the installed package.
+test: setup
+	@start=$$(date +%s%N); rc=0; \
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
+	ms=$$(( ($$(date +%s%N) - start) / 1000000 )); \
+	printf 'pytest wall time: %d.%03d s (exit code %d)\n' $$((ms / 1000)) $$((ms % 1000)) $$rc; \
+	exit $$rc
+
+demo: setup
+	$(VPY) examples/demo.py $(DEMO_ARGS)
+
+clean:
+	rm -rf build/

@@ -1,0 +1,107 @@
+"""Helpers shared by the ``recflash`` command groups: error reporting, opening a store, JSON.
+
+Every command that touches a store runs inside :func:`store_errors`, so a store error becomes
+one red line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+EXIT_STORE_ERROR = 2  # a store error (RecflashError) or a path that is not a store
+EXIT_UNAVAILABLE = 1  # the engine could not be imported
+
+
+def fail(message: str, code: int = EXIT_STORE_ERROR) -> NoReturn:
+    """Print ``error: message`` in red on one line and exit with ``code``."""
+    one_line = " ".join(str(message).split())
+    err_console.print(f"[bold red]error:[/bold red] [red]{escape(one_line)}[/red]", highlight=False)
+    raise typer.Exit(code)
+
+
+def _reader_errors() -> type[BaseException]:
+    try:
+        from recflash.reader.errors import RecflashError
+    except ImportError as e:  # the native module is missing or was built for another Python
+        fail(f"the recflash engine is not importable ({e}); run `make build`", EXIT_UNAVAILABLE)
+    return RecflashError
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Turn a RecflashError raised inside the block into a one-line message and exit code 2."""
+    recflash_error = _reader_errors()
+    try:
+        yield
+    except recflash_error as e:
+        fail(f"{type(e).__name__.rstrip('_')}: {e}")
+
+
+def open_store(path: Path, *, read_only: bool = True, create: bool = False) -> Any:
+    """Open the store at ``path``.
+
+    With ``create=False`` the path must already be a store (it has the ``RECFLASH`` marker):
+    inspecting a wrong path must not create a store there. ``read_only`` is used when the
+    engine's StoreOptions offers it; otherwise the store is opened normally.
+    """
+    _reader_errors()
+    try:
+        from recflash.reader import Store, StoreOptions
+    except ImportError as e:
+        fail(f"the recflash engine is not importable ({e}); run `make build`", EXIT_UNAVAILABLE)
+    if not create:
+        if not path.exists():
+            fail(f"no store at {path}")
+        if not path.is_dir() or not (path / "RECFLASH").exists():
+            fail(f"{path} is not a recflash store (no RECFLASH marker)")
+    options = StoreOptions()
+    if read_only and hasattr(options, "read_only"):
+        try:
+            options.read_only = True
+        except (AttributeError, TypeError):  # frozen options object
+            options = StoreOptions(read_only=True)
+    return Store.open(str(path), options)
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON data from a stats dict: numpy scalars unwrapped, NaN/inf as null."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()  # numpy scalar
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def human_bytes(n: float | int | None) -> str:
+    if n is None:
+        return "—"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # unreachable
+
+
+def ratio(x: float | int | None, digits: int = 2) -> str:
+    if x is None:
+        return "—"
+    x = float(x)
+    return f"{x:.{digits}f}" if math.isfinite(x) else "—"

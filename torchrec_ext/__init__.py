@@ -1,0 +1,1 @@
+"""recflash.torchrec_ext — TorchRec integration: sharder for SSD-offloaded tables, DRAM/SSD planner, TorchRec modules."""

@@ -13,10 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 U64_MAX = 2**64 - 1
-#: the largest key the tests use in random data. The contract makes every uint64 a key, but the
-#: engine reserves U64_MAX (see test_store_basic.test_max_uint64_key, which keeps asserting the
-#: contract); random data stays below it so that one deviation does not mask everything else.
-KEY_MAX = U64_MAX - 1
+#: the largest key random test data uses: every uint64 is a key (test_max_uint64_key)
+KEY_MAX = U64_MAX
 PAGE_SIZE = 4096
 
 FSL_TYPE = "fixed_size_list<float32, 8>"

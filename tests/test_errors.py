@@ -17,7 +17,7 @@ from recflash.reader.errors import (CorruptionError, FeatureExistsError, Invalid
                                     NotAStoreError, RecflashError, SchemaError,
                                     StoreClosedError, StoreLockedError, UnknownFeatureError,
                                     ValueTooLargeError)
-from storeutil import FSL_TYPE, PAGE_SIZE, small_options
+from storeutil import FSL_TYPE, PAGE_SIZE
 
 U64 = np.uint64
 

@@ -119,7 +119,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(
-    max_examples=25, stateful_step_count=40, deadline=None, database=None,
+    max_examples=50, stateful_step_count=60, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 

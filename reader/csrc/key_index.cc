@@ -1,6 +1,7 @@
 #include "reader/csrc/key_index.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace recflash {
 
@@ -121,6 +122,56 @@ void KeyIndex::Erase(const std::vector<size_t>& positions) {
   keys_.resize(w);
   locs_.resize(w);
   if (track_lens_) lens_.resize(w);
+}
+
+}  // namespace recflash
+
+namespace recflash {
+
+namespace {
+template <typename T>
+void Put(std::string* s, const T& v) {
+  s->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <typename T>
+bool Take(const char** p, const char* end, T* v) {
+  if (end - *p < static_cast<ptrdiff_t>(sizeof(T))) return false;
+  std::memcpy(v, *p, sizeof(T));
+  *p += sizeof(T);
+  return true;
+}
+template <typename T>
+bool TakeVec(const char** p, const char* end, size_t n, std::vector<T>* v) {
+  if (static_cast<size_t>(end - *p) < n * sizeof(T)) return false;
+  v->resize(n);
+  std::memcpy(v->data(), *p, n * sizeof(T));
+  *p += n * sizeof(T);
+  return true;
+}
+}  // namespace
+
+void KeyIndex::Serialize(std::string* out) const {
+  Put<uint8_t>(out, dense_ ? 1 : 0);
+  Put<uint8_t>(out, track_lens_ ? 1 : 0);
+  Put<uint64_t>(out, base_);
+  Put<uint64_t>(out, locs_.size());
+  if (!dense_) out->append(reinterpret_cast<const char*>(keys_.data()), keys_.size() * 8);
+  out->append(reinterpret_cast<const char*>(locs_.data()), locs_.size() * 4);
+  if (track_lens_) out->append(reinterpret_cast<const char*>(lens_.data()), lens_.size() * 4);
+}
+
+bool KeyIndex::Deserialize(const char** p, const char* end) {
+  uint8_t dense, track;
+  uint64_t n;
+  if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base_) || !Take(p, end, &n)) return false;
+  dense_ = dense != 0;
+  track_lens_ = track != 0;
+  keys_.clear();
+  lens_.clear();
+  if (!dense_ && !TakeVec(p, end, n, &keys_)) return false;
+  if (!TakeVec(p, end, n, &locs_)) return false;
+  if (track_lens_ && !TakeVec(p, end, n, &lens_)) return false;
+  return true;
 }
 
 }  // namespace recflash

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace recflash {
@@ -34,6 +35,9 @@ class KeyIndex {
                  const std::vector<uint32_t>& lens);
   // Removes the entries whose positions are listed (ascending).
   void Erase(const std::vector<size_t>& positions);
+  // Checkpoint form (clean shutdown): appended to / parsed from a byte string.
+  void Serialize(std::string* out) const;
+  bool Deserialize(const char** p, const char* end);
   size_t MemoryBytes() const { return keys_.capacity() * 8 + locs_.capacity() * 4 + lens_.capacity() * 4; }
   bool dense() const { return dense_; }
 

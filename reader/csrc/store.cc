@@ -1,5 +1,7 @@
 #include "reader/csrc/store.h"
 
+#include "reader/csrc/crc32c.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -317,7 +319,13 @@ Status Store::Recover() {
   for (uint32_t p = 0; p < pages_.slots(); p++)
     if (!pages_.at(p).live) pages_.AddFree(p);
 
-  RF_RETURN_IF_ERROR(RebuildFromPages());
+  opened_from_checkpoint_ = LoadCheckpoint();
+  const std::string ckpt = path_ + "/CHECKPOINT";
+  if (fs::exists(ckpt)) {
+    ::unlink(ckpt.c_str());
+    RF_RETURN_IF_ERROR(SyncDir(path_));
+  }
+  if (!opened_from_checkpoint_) RF_RETURN_IF_ERROR(RebuildFromPages());
 
   uint64_t max_no = 0;
   RF_RETURN_IF_ERROR(ReplayWal(&max_no));
@@ -432,6 +440,106 @@ Status Store::RebuildFromPages() {
     for (uint32_t p : freed) pages_.AddFree(p);
   }
   return Status::OK();
+}
+
+namespace {
+constexpr uint64_t kCheckpointMagic = 0x31544b4348434652ull;  // "RFCHCKT1"
+}
+
+Status Store::WriteCheckpoint() {
+  std::string out;
+  Append(&out, kCheckpointMagic);
+  Append(&out, pstate_.next_seq);
+  Append(&out, static_cast<uint64_t>(pages_.live_pages()));
+  auto feats = features_.All();
+  Append(&out, static_cast<uint32_t>(feats.size()));
+  for (FeatureState* f : feats) {
+    Append(&out, f->def.id);
+    Append(&out, f->live_items);
+    Append(&out, f->live_bytes);
+    Append(&out, f->tombs);
+    f->index.Serialize(&out);
+  }
+  for (uint32_t p = 0; p < pages_.slots(); p++) {
+    const PageMeta& pm = pages_.at(p);
+    if (!pm.live) continue;
+    Append(&out, p);
+    for (const auto& sm : pm.segs) {
+      Append(&out, sm.valid);
+      Append(&out, sm.valid_bytes);
+    }
+  }
+  const uint32_t crc = crc32c::Value(out.data(), out.size());
+  Append(&out, crc);
+  const std::string tmp = path_ + "/CHECKPOINT.tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return Status::FromErrno("open", tmp, errno);
+  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  std::fclose(f);
+  if (!ok) return Status::IOError("cannot write checkpoint '" + tmp + "'");
+  if (::rename(tmp.c_str(), (path_ + "/CHECKPOINT").c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
+  return SyncDir(path_);
+}
+
+bool Store::LoadCheckpoint() {
+  std::ifstream in(path_ + "/CHECKPOINT", std::ios::binary);
+  if (!in) return false;
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (data.size() < 4) return false;
+  uint32_t crc;
+  std::memcpy(&crc, data.data() + data.size() - 4, 4);
+  if (crc32c::Value(data.data(), data.size() - 4) != crc) return false;
+  const char* p = data.data();
+  const char* end = data.data() + data.size() - 4;
+  auto take = [&](auto* v) {
+    if (end - p < static_cast<ptrdiff_t>(sizeof(*v))) return false;
+    std::memcpy(v, p, sizeof(*v));
+    p += sizeof(*v);
+    return true;
+  };
+  uint64_t magic, seq, live;
+  uint32_t nf;
+  if (!take(&magic) || magic != kCheckpointMagic || !take(&seq) || seq != pstate_.next_seq || !take(&live) ||
+      live != pages_.live_pages() || !take(&nf))
+    return false;
+  // Parse into scratch state first: a mismatch anywhere leaves the tables untouched.
+  struct F {
+    uint32_t id;
+    uint64_t items, bytes, tombs;
+    KeyIndex index;
+  };
+  std::vector<F> fs(nf);
+  for (auto& f : fs) {
+    if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id) ||
+        !f.index.Deserialize(&p, end))
+      return false;
+  }
+  std::vector<std::pair<uint32_t, std::vector<std::pair<uint32_t, uint64_t>>>> segs;
+  for (uint64_t i = 0; i < live; i++) {
+    uint32_t pid;
+    if (!take(&pid) || pid >= pages_.slots() || !pages_.at(pid).live) return false;
+    std::vector<std::pair<uint32_t, uint64_t>> v(pages_.at(pid).segs.size());
+    for (auto& [valid, bytes] : v)
+      if (!take(&valid) || !take(&bytes)) return false;
+    segs.emplace_back(pid, std::move(v));
+  }
+  if (p != end) return false;
+  for (auto& f : fs) {
+    FeatureState* st = features_.Get(f.id);
+    st->live_items = f.items;
+    st->live_bytes = f.bytes;
+    st->tombs = f.tombs;
+    st->index = std::move(f.index);
+  }
+  for (auto& [pid, v] : segs) {
+    PageMeta& pm = pages_.at(pid);
+    for (size_t i = 0; i < v.size(); i++) {
+      pm.segs[i].valid = v[i].first;
+      pm.segs[i].valid_bytes = v[i].second;
+      if (!pm.segs[i].retired && pm.segs[i].valid > 0) features_.Get(pm.segs[i].fid)->pages.push_back(pid);
+    }
+  }
+  return true;
 }
 
 Status Store::ReplayWal(uint64_t* max_number) {
@@ -1648,6 +1756,7 @@ Status Store::Close() {
     if (bg_error_.ok()) s = FlushLocked(true);
     Status s2 = wal_.Sync();
     if (s.ok()) s = s2;
+    if (s.ok()) s = WriteCheckpoint();
     std::unique_lock<std::mutex> l(mu_);
     closed_ = true;
     readers_cv_.wait(l, [&] { return readers_.empty(); });
@@ -1725,6 +1834,8 @@ std::string Store::StatsJson() {
   j.KV("flushes", static_cast<double>(flushes_));
   j.KV("recovery_seconds", recovery_seconds_);
   j.KV("recovered_wal_records", static_cast<double>(recovered_wal_records_));
+  j.Key("opened_from_checkpoint");
+  j.Bool(opened_from_checkpoint_);
   j.Key("direct_io");
   j.Bool(file_.direct() || closed_);
   j.Key("fragmentation");

@@ -150,6 +150,11 @@ class Store {
   Status OpenImpl(const std::string& path);
   Status Recover();
   Status RebuildFromPages();
+  // Clean-shutdown checkpoint of the derived state (key indexes, valid counts), so a clean
+  // reopen need not read every page. Consumed (deleted) at open: it only ever describes the
+  // exact state at close, and a crash afterwards always falls back to RebuildFromPages.
+  Status WriteCheckpoint();
+  bool LoadCheckpoint();
   Status ReplayWal(uint64_t* max_number);
 
   Status Write(WriteOp* w);
@@ -208,6 +213,7 @@ class Store {
   std::atomic<double> encoded_bytes_read_{0};
   uint64_t flush_pages_written_ = 0;
   uint64_t recovered_wal_records_ = 0;
+  bool opened_from_checkpoint_ = false;
   double recovery_seconds_ = 0;
 };
 

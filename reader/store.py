@@ -53,9 +53,15 @@ class StoreOptions:
     #: Fragmentation degree (pages holding a feature / ideal pages) that triggers a merge.
     #: Lower reads faster and writes more: the read/write trade-off knob.
     merge_threshold: float = 1.5
-    #: A page is gathered for a victim feature when the feature fills less than this fraction
-    #: of the page's capacity (pages it fills well are left alone to spare writes).
-    merge_low_benefit_frac: float = 0.5
+    #: A victim's pages are gathered emptiest first until its degree is back to
+    #: 1 + (merge_threshold - 1) * merge_target_frac.
+    merge_target_frac: float = 0.5
+    #: Pages a victim feature fills at least this fraction of (by capacity) are never gathered
+    #: for it (little read benefit for a full page rewrite).
+    merge_low_benefit_frac: float = 0.9
+    #: Extra pages any feature may hold before it becomes a victim (tiny features would
+    #: otherwise be rewritten whole after nearly every flush that touches them).
+    merge_min_slack_pages: float = 1.0
     #: Space reclamation: rewrite the least-utilised pages when pages in use exceed
     #: space_amp_limit x the pages the live data needs, down to space_amp_target.
     reclaim_enabled: bool = True

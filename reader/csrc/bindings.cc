@@ -75,6 +75,8 @@ StoreOptions OptionsFromDict(const py::dict& d) {
   get("merger_enabled", o.merger.enabled);
   get("merge_threshold", o.merger.threshold);
   get("merge_low_benefit_frac", o.merger.low_benefit_frac);
+  get("merge_target_frac", o.merger.target_frac);
+  get("merge_min_slack_pages", o.merger.min_slack_pages);
   get("reclaim_enabled", o.reclaim.enabled);
   get("space_amp_limit", o.reclaim.space_amp_limit);
   get("space_amp_target", o.reclaim.space_amp_target);

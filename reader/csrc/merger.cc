@@ -34,28 +34,41 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
   std::vector<MoveTask> tasks;
   if (!o_.enabled) return tasks;
   const double payload = PagePayload(page_size);
+  // After a merge the feature should sit well below the trigger, so that it is not a victim
+  // again after the next flush or two: aim halfway between ideal and the threshold.
+  const double target = 1.0 + (o_.threshold - 1.0) * o_.target_frac;
   for (FeatureState* f : candidates) {
     stats_.checks++;
     if (f->pages.size() < 2) continue;
-    if (FragmentationDegree(*f, pt, page_size) <= o_.threshold) continue;
-    std::vector<uint32_t> gather;
-    double gathered_bytes = 0;
+    double live = 0;
+    std::vector<std::pair<double, uint32_t>> fill;  // (F's live bytes in the page, page)
     for (uint32_t p : f->pages) {
-      const PageMeta& pm = pt.at(p);
-      for (const auto& s : pm.segs) {
+      for (const auto& s : pt.at(p).segs) {
         if (s.fid != f->def.id || s.retired) continue;
-        if (s.live_disk_bytes() < o_.low_benefit_frac * payload) {
-          gather.push_back(p);
-          gathered_bytes += s.live_disk_bytes();
-        }
+        live += s.live_disk_bytes();
+        if (s.live_disk_bytes() < o_.low_benefit_frac * payload) fill.emplace_back(s.live_disk_bytes(), p);
       }
     }
-    // Only worth it when the gathered items need fewer pages than they occupy now.
-    const double new_pages = std::ceil(gathered_bytes / payload);
-    if (gather.size() < 2 || new_pages >= static_cast<double>(gather.size())) continue;
+    const double ideal = std::max(1.0, std::ceil(live / payload));
+    const double have = static_cast<double>(f->pages.size());
+    // A feature of one or two pages may keep one page of slack: otherwise every flush that
+    // touches it triggers a rewrite of all its data, while reading one more page in the
+    // same batch costs almost nothing in time.
+    if (have - ideal <= std::max((o_.threshold - 1.0) * ideal, o_.min_slack_pages)) continue;
+    // Emptiest pages first: they give the most page reduction per byte rewritten.
+    std::sort(fill.begin(), fill.end());
+    const double want = std::max(ideal, std::floor(ideal * target));
+    double gathered = 0, after = have;
+    size_t k = 0;
+    while (k < fill.size() && after > want) {
+      gathered += fill[k].first;
+      k++;
+      after = have - static_cast<double>(k) + std::ceil(gathered / payload);
+    }
+    if (k < 2 || after >= have) continue;  // no page to win
     stats_.victims++;
-    stats_.pages_gathered += gather.size();
-    for (uint32_t p : gather) tasks.push_back({p, f->def.id});
+    stats_.pages_gathered += k;
+    for (size_t i = 0; i < k; i++) tasks.push_back({fill[i].second, f->def.id});
   }
   return tasks;
 }

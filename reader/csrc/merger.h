@@ -5,15 +5,18 @@
 // only from pages where it is "less than half of the page's valid items". Read that way the
 // merger never touches a feature's own initial-load pages, which keep its never-updated items
 // forever, and READER ends up reading more pages than the LSM it is meant to beat (SPEC §1,
-// "Known pitfalls"). Here "low merge benefit" is judged against the page's *capacity*: a
-// page is gathered for feature F when F's live bytes in it fill less than `low_benefit_frac`
-// of a page. A feature whose old pages decay under updates is thus eventually re-packed,
-// while pages it still fills well are left alone to spare writes.
+// "Known pitfalls"). Judging "low merge benefit" by how much of a page's *capacity* the
+// feature fills instead still leaves a floor near 1.5x the ideal page count: pages decay from
+// full to half full before they are touched, whatever the threshold.
 //
-// The fragmentation degree is measured against the *ideal* page count, ceil(F's live on-disk
-// bytes / page payload) — measuring against the raw byte ratio would re-merge forever a
-// feature just past a page boundary. A feature becomes a victim when the degree exceeds
-// `threshold`; the threshold (and low_benefit_frac) are the read/write trade-off knobs.
+// The rule here: a feature is a victim when its fragmentation degree — pages holding it ÷ the
+// *ideal* page count, ceil(live on-disk bytes ÷ page payload); measuring against the raw byte
+// ratio would re-merge forever a feature just past a page boundary — exceeds `threshold`.
+// Its pages are then gathered emptiest first (the most page reduction per byte rewritten, as
+// in log-structured cleaning) until the feature is back to `target` = 1 + (threshold - 1) x
+// target_frac times its ideal page count; pages it fills at least `low_benefit_frac` of are
+// never gathered. So `threshold` really is the read/write knob: the degree oscillates between
+// target and threshold, and keeping pages fuller costs more rewriting (≈ 1 / (1 - fill)).
 //
 // Reclaimer. Pages left holding a few valid items of other features would leak space under
 // endless uniform updates. When pages in use exceed `space_amp_limit` times the pages the
@@ -30,7 +33,9 @@ namespace recflash {
 struct MergerOptions {
   bool enabled = true;
   double threshold = 1.5;         // fragmentation degree that makes a feature a victim
-  double low_benefit_frac = 0.5;  // gather F from pages it fills less than this fraction of
+  double target_frac = 0.5;       // merge down to 1 + (threshold - 1) * target_frac
+  double low_benefit_frac = 0.9;  // never gather a page the feature fills this much of
+  double min_slack_pages = 1.0;   // extra pages any feature may hold before it is a victim
 };
 
 struct ReclaimOptions {

@@ -353,40 +353,34 @@ Status Store::RebuildFromPages() {
     if (pages_.at(p).live) live.push_back(p);
   const uint32_t ps = o_.page_size;
   std::vector<uint64_t> keys;
-  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
-    for (uint32_t k = 0; k < run.count; k++) {
-      const uint32_t pid = run.first + k;
-      PageView pv;
-      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
-      PageMeta& pm = pages_.at(pid);
-      if (pv.seq() != pm.seq)
-        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' has seq " +
-                                  std::to_string(pv.seq()) + " but the metadata expects " + std::to_string(pm.seq));
-      for (auto& sm : pm.segs) {
-        if (sm.retired) continue;
-        SegmentView sv;
-        if (!pv.Find(sm.fid, &sv) || sv.count != sm.count)
-          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
-                                    "' does not hold the segment of feature id " + std::to_string(sm.fid) +
-                                    " its metadata lists");
-        const FeatureDef& def = features_.Get(sm.fid)->def;
-        sv.width = def.fixed_width();
-        keys.resize(sv.count);
-        sv.DecodeKeys(keys.data());
-        auto& out = recs[sm.fid];
-        for (uint32_t i = 0; i < sv.count; i++) {
-          const uint8_t* v;
-          uint32_t len;
-          sv.Value(i, &v, &len);
-          out.push_back({keys[i], pv.seq(), pid, sv.is_tomb(i) ? 0u : len, sv.is_tomb(i)});
-        }
+  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    PageMeta& pm = pages_.at(pid);
+    if (pv.seq() != pm.seq)
+      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' has seq " +
+                                std::to_string(pv.seq()) + " but the metadata expects " + std::to_string(pm.seq));
+    for (auto& sm : pm.segs) {
+      if (sm.retired) continue;
+      SegmentView sv;
+      if (!pv.Find(sm.fid, &sv) || sv.count != sm.count)
+        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                  "' does not hold the segment of feature id " + std::to_string(sm.fid) +
+                                  " its metadata lists");
+      const FeatureDef& def = features_.Get(sm.fid)->def;
+      sv.width = def.fixed_width();
+      keys.resize(sv.count);
+      sv.DecodeKeys(keys.data());
+      auto& out = recs[sm.fid];
+      for (uint32_t i = 0; i < sv.count; i++) {
+        const uint8_t* v;
+        uint32_t len;
+        sv.Value(i, &v, &len);
+        out.push_back({keys[i], pv.seq(), pid, sv.is_tomb(i) ? 0u : len, sv.is_tomb(i)});
       }
     }
     return Status::OK();
   };
   if (!live.empty()) {
-    auto runs = CoalescePages(live, write_ring_->slot_bytes() / ps);
-    RF_RETURN_IF_ERROR(write_ring_->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), live, cb));
     pages_read_ += live.size();
     bytes_read_ += static_cast<uint64_t>(live.size()) * ps;
   }
@@ -1136,41 +1130,35 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   std::vector<uint8_t> arena;
   std::map<uint32_t, std::set<uint32_t>> src_pages;  // fid -> pages its records leave
   std::vector<uint64_t> keys;
-  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
-    for (uint32_t k = 0; k < run.count; k++) {
-      const uint32_t pid = run.first + k;
-      PageView pv;
-      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
-      const auto& wf = want[pid];
-      const bool all = std::find(wf.begin(), wf.end(), MoveTask::kAllFeatures) != wf.end();
-      for (uint32_t si = 0; si < pv.nseg(); si++) {
-        SegmentView sv = pv.Segment(si);
-        if (!all && std::find(wf.begin(), wf.end(), sv.feature_id) == wf.end()) continue;
-        SegMeta* sm = pages_.at(pid).seg(sv.feature_id);
-        if (!sm || sm->retired) continue;
-        FeatureState* f = features_.Get(sv.feature_id);
-        sv.width = f->def.fixed_width();
-        keys.resize(sv.count);
-        sv.DecodeKeys(keys.data());
-        size_t hint = 0;
-        for (uint32_t i = 0; i < sv.count; i++) {
-          const int64_t pos = f->index.FindFrom(keys[i], &hint);
-          if (pos == KeyIndex::kAbsent || (f->index.loc(pos) & ~KeyIndex::kTomb) != pid) continue;  // stale
-          const uint8_t* v;
-          uint32_t len;
-          sv.Value(i, &v, &len);
-          const bool tomb = (f->index.loc(pos) & KeyIndex::kTomb) != 0;
-          if (tomb) len = 0;
-          moved.push_back({sv.feature_id, keys[i], tomb, arena.size(), len, pos});
-          arena.insert(arena.end(), v, v + len);
-        }
-        src_pages[sv.feature_id].insert(pid);
+  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    const auto& wf = want[pid];
+    const bool all = std::find(wf.begin(), wf.end(), MoveTask::kAllFeatures) != wf.end();
+    for (uint32_t si = 0; si < pv.nseg(); si++) {
+      SegmentView sv = pv.Segment(si);
+      if (!all && std::find(wf.begin(), wf.end(), sv.feature_id) == wf.end()) continue;
+      SegMeta* sm = pages_.at(pid).seg(sv.feature_id);
+      if (!sm || sm->retired) continue;
+      FeatureState* f = features_.Get(sv.feature_id);
+      sv.width = f->def.fixed_width();
+      keys.resize(sv.count);
+      sv.DecodeKeys(keys.data());
+      size_t hint = 0;
+      for (uint32_t i = 0; i < sv.count; i++) {
+        const int64_t pos = f->index.FindFrom(keys[i], &hint);
+        if (pos == KeyIndex::kAbsent || (f->index.loc(pos) & ~KeyIndex::kTomb) != pid) continue;  // stale
+        const uint8_t* v;
+        uint32_t len;
+        sv.Value(i, &v, &len);
+        const bool tomb = (f->index.loc(pos) & KeyIndex::kTomb) != 0;
+        if (tomb) len = 0;
+        moved.push_back({sv.feature_id, keys[i], tomb, arena.size(), len, pos});
+        arena.insert(arena.end(), v, v + len);
       }
+      src_pages[sv.feature_id].insert(pid);
     }
     return Status::OK();
   };
-  auto runs = CoalescePages(pids, write_ring_->slot_bytes() / ps);
-  RF_RETURN_IF_ERROR(write_ring_->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+  RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), pids, cb));
   pages_read_ += pids.size();
   bytes_read_ += pids.size() * static_cast<uint64_t>(ps);
 
@@ -1236,6 +1224,33 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
 
 // ---------------------------------------------------------------------------------------
 // Read path
+
+Status Store::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn) {
+  const uint32_t ps = o_.page_size;
+  const auto runs = CoalescePages(sorted_pids, ring->slot_bytes() / ps);
+  return ring->ReadRuns(file_.fd(), pages_path_, ps, runs, [&](const PageRun& run, const uint8_t* data) -> Status {
+    for (uint32_t k = 0; k < run.count; k++) {
+      PageView pv;
+      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, run.first + k, pages_path_, &pv));
+      RF_RETURN_IF_ERROR(fn(run.first + k, pv));
+    }
+    return Status::OK();
+  });
+}
+
+void Store::FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st) {
+  st->pages_read = pages;
+  st->bytes_read = pages * static_cast<uint64_t>(o_.page_size);
+  st->useful_bytes = useful;
+  st->encoded_bytes = encoded;
+  st->items = items;
+  st->seconds = Now() - t0;
+  pages_read_ += st->pages_read;
+  bytes_read_ += st->bytes_read;
+  useful_bytes_read_ += useful;
+  encoded_bytes_read_ = encoded_bytes_read_ + encoded;
+  reads_++;
+}
 
 Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
                        ReadStats* st) {
@@ -1314,58 +1329,53 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   }
   std::vector<uint64_t> tmp;
   double encoded = 0;
-  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
-    for (uint32_t k = 0; k < run.count; k++) {
-      const uint32_t pid = run.first + k;
-      PageView pv;
-      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
-      for (const auto& [i, j] : users[pid]) {
-        const FeatureDef& def = defs[i];
-        SegmentView sv;
-        if (!pv.Find(def.id, &sv))
-          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
-                                    "' lacks the segment of feature '" + def.name + "' that the metadata lists");
-        sv.width = def.fixed_width();
-        if (direct[i]) {
-          if (sv.count != refs[i][j].count)
-            return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "': feature '" +
-                                      def.name + "' segment has " + std::to_string(sv.count) +
-                                      " records, the metadata says " + std::to_string(refs[i][j].count));
-          ColumnData& col = (*out)[i];
-          uint64_t* kp = col.keys.data() + slot[i][j];
-          sv.DecodeKeys(kp);
-          uint32_t a = 0, z = sv.count;
-          if (sv.min_key < lo) a = static_cast<uint32_t>(std::lower_bound(kp, kp + sv.count, lo) - kp);
-          if (!to_end && sv.max_key >= hi) z = static_cast<uint32_t>(upper(kp, kp + sv.count) - kp);
-          span[i][j] = {a, z};
-          encoded += (z - a) * sv.bytes_per_record();
-          std::memcpy(col.values.data() + (slot[i][j] + a) * sv.width, sv.values + static_cast<size_t>(a) * sv.width,
-                      static_cast<size_t>(z - a) * sv.width);
-          continue;
-        }
-        tmp.resize(sv.count);
-        sv.DecodeKeys(tmp.data());
-        const size_t a = std::lower_bound(tmp.begin(), tmp.end(), lo) - tmp.begin();
-        const size_t z = upper(tmp.data(), tmp.data() + tmp.size()) - tmp.data();
-        Chunk& c = chunks[i][j];
-        c.seq = pv.seq();
-        c.enc = sv.bytes_per_record();
-        c.clean = refs[i][j].valid == refs[i][j].count && !sv.tomb;
-        c.keys.assign(tmp.begin() + a, tmp.begin() + z);
-        if (sv.tomb) {
-          c.tomb.resize(z - a);
-          for (size_t r = a; r < z; r++) c.tomb[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
-        }
-        if (sv.width) {
-          c.vals.assign(sv.values + a * sv.width, sv.values + z * sv.width);
-        } else {
-          for (size_t r = a; r < z; r++) {
-            const uint8_t* p;
-            uint32_t len;
-            sv.Value(static_cast<uint32_t>(r), &p, &len);
-            c.vals.insert(c.vals.end(), p, p + len);
-            c.lens.push_back(len);
-          }
+  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    for (const auto& [i, j] : users[pid]) {
+      const FeatureDef& def = defs[i];
+      SegmentView sv;
+      if (!pv.Find(def.id, &sv))
+        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                  "' lacks the segment of feature '" + def.name + "' that the metadata lists");
+      sv.width = def.fixed_width();
+      if (direct[i]) {
+        if (sv.count != refs[i][j].count)
+          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "': feature '" +
+                                    def.name + "' segment has " + std::to_string(sv.count) +
+                                    " records, the metadata says " + std::to_string(refs[i][j].count));
+        ColumnData& col = (*out)[i];
+        uint64_t* kp = col.keys.data() + slot[i][j];
+        sv.DecodeKeys(kp);
+        uint32_t a = 0, z = sv.count;
+        if (sv.min_key < lo) a = static_cast<uint32_t>(std::lower_bound(kp, kp + sv.count, lo) - kp);
+        if (!to_end && sv.max_key >= hi) z = static_cast<uint32_t>(upper(kp, kp + sv.count) - kp);
+        span[i][j] = {a, z};
+        encoded += (z - a) * sv.bytes_per_record();
+        std::memcpy(col.values.data() + (slot[i][j] + a) * sv.width, sv.values + static_cast<size_t>(a) * sv.width,
+                    static_cast<size_t>(z - a) * sv.width);
+        continue;
+      }
+      tmp.resize(sv.count);
+      sv.DecodeKeys(tmp.data());
+      const size_t a = std::lower_bound(tmp.begin(), tmp.end(), lo) - tmp.begin();
+      const size_t z = upper(tmp.data(), tmp.data() + tmp.size()) - tmp.data();
+      Chunk& c = chunks[i][j];
+      c.seq = pv.seq();
+      c.enc = sv.bytes_per_record();
+      c.clean = refs[i][j].valid == refs[i][j].count && !sv.tomb;
+      c.keys.assign(tmp.begin() + a, tmp.begin() + z);
+      if (sv.tomb) {
+        c.tomb.resize(z - a);
+        for (size_t r = a; r < z; r++) c.tomb[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
+      }
+      if (sv.width) {
+        c.vals.assign(sv.values + a * sv.width, sv.values + z * sv.width);
+      } else {
+        for (size_t r = a; r < z; r++) {
+          const uint8_t* p;
+          uint32_t len;
+          sv.Value(static_cast<uint32_t>(r), &p, &len);
+          c.vals.insert(c.vals.end(), p, p + len);
+          c.lens.push_back(len);
         }
       }
     }
@@ -1374,8 +1384,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   if (!pids.empty()) {
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    auto runs = CoalescePages(pids, ring.get()->slot_bytes() / ps);
-    RF_RETURN_IF_ERROR(ring.get()->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, cb));
   }
 
   uint64_t useful = 0, items = 0;
@@ -1593,17 +1602,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
     while (k < b.size()) emit_buf(k++);
     items += col.keys.size();
   }
-  st->pages_read = pids.size();
-  st->bytes_read = pids.size() * static_cast<uint64_t>(ps);
-  st->useful_bytes = useful;
-  st->encoded_bytes = encoded;
-  st->items = items;
-  st->seconds = Now() - t0;
-  pages_read_ += st->pages_read;
-  bytes_read_ += st->bytes_read;
-  useful_bytes_read_ += useful;
-  encoded_bytes_read_ = encoded_bytes_read_ + encoded;
-  reads_++;
+  FinishRead(pids.size(), useful, encoded, items, t0, st);
   return Status::OK();
 }
 
@@ -1670,44 +1669,38 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   uint64_t useful = 0;
   double encoded = 0;
   std::vector<uint64_t> tmp;
-  auto cb = [&](const PageRun& run, const uint8_t* data) -> Status {
-    for (uint32_t k = 0; k < run.count; k++) {
-      const uint32_t pid = run.first + k;
-      PageView pv;
-      RF_RETURN_IF_ERROR(PageView::Parse(data + static_cast<size_t>(k) * ps, ps, pid, pages_path_, &pv));
-      SegmentView sv;
-      if (!pv.Find(def.id, &sv))
-        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
-                                  "' lacks the segment of feature '" + def.name + "' that the key index names");
-      sv.width = w;
-      tmp.resize(sv.count);
-      sv.DecodeKeys(tmp.data());
-      for (uint32_t u : want[pid]) {
-        auto f = std::lower_bound(tmp.begin(), tmp.end(), uk[u]);
-        if (f == tmp.end() || *f != uk[u])
-          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks key " +
-                                    std::to_string(uk[u]) + " of feature '" + def.name + "' that the key index names");
-        const uint32_t r = static_cast<uint32_t>(f - tmp.begin());
-        const uint8_t* p;
-        uint32_t len;
-        sv.Value(r, &p, &len);
-        Best& bb = best[u];
-        bb.src = 2;
-        bb.seq = pv.seq();
-        bb.tomb = false;
-        bb.off = arena.size();
-        bb.len = len;
-        arena.insert(arena.end(), p, p + len);
-        encoded += sv.bytes_per_record();
-      }
+  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    SegmentView sv;
+    if (!pv.Find(def.id, &sv))
+      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                "' lacks the segment of feature '" + def.name + "' that the key index names");
+    sv.width = w;
+    tmp.resize(sv.count);
+    sv.DecodeKeys(tmp.data());
+    for (uint32_t u : want[pid]) {
+      auto f = std::lower_bound(tmp.begin(), tmp.end(), uk[u]);
+      if (f == tmp.end() || *f != uk[u])
+        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks key " +
+                                  std::to_string(uk[u]) + " of feature '" + def.name + "' that the key index names");
+      const uint32_t r = static_cast<uint32_t>(f - tmp.begin());
+      const uint8_t* p;
+      uint32_t len;
+      sv.Value(r, &p, &len);
+      Best& bb = best[u];
+      bb.src = 2;
+      bb.seq = pv.seq();
+      bb.tomb = false;
+      bb.off = arena.size();
+      bb.len = len;
+      arena.insert(arena.end(), p, p + len);
+      encoded += sv.bytes_per_record();
     }
     return Status::OK();
   };
   if (!pids.empty()) {
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    auto runs = CoalescePages(pids, ring.get()->slot_bytes() / ps);
-    RF_RETURN_IF_ERROR(ring.get()->ReadRuns(file_.fd(), pages_path_, ps, runs, cb));
+    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, cb));
   }
   // Output aligned with the request.
   out->keys.assign(keys, keys + n);
@@ -1731,17 +1724,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
     }
     if (!w) out->offsets.push_back(static_cast<int32_t>(out->values.size() / elem));
   }
-  st->pages_read = pids.size();
-  st->bytes_read = pids.size() * static_cast<uint64_t>(ps);
-  st->useful_bytes = useful;
-  st->encoded_bytes = encoded;
-  st->items = items;
-  st->seconds = Now() - t0;
-  pages_read_ += st->pages_read;
-  bytes_read_ += st->bytes_read;
-  useful_bytes_read_ += useful;
-  encoded_bytes_read_ = encoded_bytes_read_ + encoded;
-  reads_++;
+  FinishRead(pids.size(), useful, encoded, items, t0, st);
   return Status::OK();
 }
 

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -170,6 +171,10 @@ class Store {
   void InstallLocked(const std::set<uint32_t>& freed);
   void ReleasePendingLocked();
   std::shared_ptr<const Version> BuildVersion(uint64_t number);
+  // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
+  using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
+  Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);
+  void FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st);
   Status CheckOpen();
   Status FeatureFor(const std::string& name, FeatureDef* def);
 

@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "ndp/csrc/sls.h"
 #include "reader/csrc/store.h"
 
 namespace py = pybind11;
@@ -54,6 +55,18 @@ py::tuple Column(ColumnData&& c, bool variable) {
   py::object offsets = py::none();
   if (variable) offsets = ToNumpy(std::move(c.offsets));
   return py::make_tuple(ToNumpy(std::move(c.keys)), ToNumpy(std::move(c.values)), offsets, ToNumpy(std::move(c.found)));
+}
+
+py::dict GatherStatsDict(const GatherStats& g) {
+  py::dict d;
+  d["rows"] = g.rows;
+  d["buffer_rows"] = g.buffer_rows;
+  d["vector_rows"] = g.vector_rows;
+  d["page_rows"] = g.page_rows;
+  d["device_reads"] = g.device_reads;
+  d["device_bytes"] = g.device_bytes;
+  d["seconds"] = g.seconds;
+  return d;
 }
 
 StoreOptions OptionsFromDict(const py::dict& d) {
@@ -213,6 +226,73 @@ class PyStore {
     return py::make_tuple(Column(std::move(col), d.variable()), ReadStatsDict(rs));
   }
 
+  py::tuple GatherRows(const std::string& name, py::array_t<uint64_t, py::array::c_style> ids, bool vector_grained) {
+    FeatureDef d;
+    Check(s_->LookupFeature(name, &d));
+    const size_t n = static_cast<size_t>(ids.size());
+    const py::ssize_t dim = d.type == ValueType::kFixedFloat32 ? d.dim : 1;
+    py::array_t<float> out({static_cast<py::ssize_t>(n), dim});
+    float* dst = out.mutable_data();
+    GatherStats gs;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->GatherRows(name, ids.data(), n, vector_grained, dst, &gs);
+    }
+    Check(st);
+    return py::make_tuple(out, GatherStatsDict(gs));
+  }
+
+  // requests: [(table, indices int64, offsets int64 (B + 1), weights float32 | None, mean)]
+  py::tuple Sls(const py::list& requests, bool vector_grained) {
+    std::vector<ndp::SlsRequest> reqs;
+    std::vector<py::object> keep;  // arrays stay alive while the GIL is released
+    py::list outs;
+    for (const auto& item : requests) {
+      auto t = item.cast<py::tuple>();
+      ndp::SlsRequest r;
+      r.table = t[0].cast<std::string>();
+      auto idx = t[1].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
+      auto off = t[2].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
+      keep.push_back(idx);
+      keep.push_back(off);
+      if (off.size() < 1) Raise(Status::InvalidArgument("sls on table '" + r.table + "': offsets must have B + 1 entries"));
+      r.indices = idx.data();
+      r.num_indices = static_cast<size_t>(idx.size());
+      r.offsets = off.data();
+      r.num_bags = static_cast<size_t>(off.size()) - 1;
+      if (!t[3].is_none()) {
+        auto w = t[3].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+        if (static_cast<size_t>(w.size()) != r.num_indices)
+          Raise(Status::InvalidArgument("sls on table '" + r.table + "': per_sample_weights must match indices"));
+        keep.push_back(w);
+        r.weights = w.data();
+      }
+      r.mean = t[4].cast<bool>();
+      FeatureDef d;
+      Check(s_->LookupFeature(r.table, &d));
+      r.dim = d.type == ValueType::kFixedFloat32 ? d.dim : 0;
+      py::array_t<float> out({static_cast<py::ssize_t>(r.num_bags), static_cast<py::ssize_t>(std::max<uint32_t>(r.dim, 1))});
+      r.out = out.mutable_data();
+      outs.append(out);
+      reqs.push_back(std::move(r));
+    }
+    ndp::SlsStats ss;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      ndp::SlsEngine engine(s_.get());
+      st = engine.Run(reqs, vector_grained, &ss);
+    }
+    Check(st);
+    py::dict d;
+    d["lookups"] = ss.lookups;
+    d["unique_rows"] = ss.unique_rows;
+    d["gather"] = GatherStatsDict(ss.gather);
+    d["seconds"] = ss.seconds;
+    return py::make_tuple(outs, d);
+  }
+
   std::string StatsJson() {
     Check(s_->CheckOpenStatus());
     py::gil_scoped_release nogil;
@@ -243,6 +323,8 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &PyStore::Close)
       .def("scan_many", &PyStore::ScanMany)
       .def("get", &PyStore::Get)
+      .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
+      .def("sls", &PyStore::Sls, py::arg("requests"), py::arg("vector_grained") = true)
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);

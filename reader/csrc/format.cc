@@ -44,6 +44,7 @@ uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool
   uint64_t b = sizeof(SegDesc) + kSegBodyHeader;
   if (!run) b += varint_bytes;
   if (any_tomb) b += (n + 7) / 8;
+  b += ValueAlign(width) - 1;  // worst-case pad; the real one depends on where the segment lands
   b += width ? static_cast<uint64_t>(n) * width : 4ull * (n + 1) + value_bytes;
   return static_cast<uint32_t>(std::min<uint64_t>(b, 0xffffffffu));
 }
@@ -137,6 +138,12 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
     if (!s.width) {
       std::memcpy(p, s.offsets.data(), 4ull * (n + 1));
       p += 4ull * (n + 1);
+    } else {
+      const uint32_t a = ValueAlign(s.width);
+      const uint32_t at = static_cast<uint32_t>(p - buf);
+      const uint16_t pad = static_cast<uint16_t>((at + a - 1) / a * a - at);
+      std::memcpy(body + 2, &pad, 2);
+      p += pad;
     }
     if (!s.values.empty()) std::memcpy(p, s.values.data(), s.values.size());
     p += s.values.size();
@@ -211,7 +218,9 @@ SegmentView PageView::Segment(uint32_t i) const {
     v.tomb = p;
     p += (d.count + 7) / 8;
   }
-  v.values = p;
+  uint16_t pad;
+  std::memcpy(&pad, body + 2, 2);
+  v.values = p + pad;
   return v;
 }
 

@@ -7,10 +7,13 @@
 //   SegDesc[nseg]      per-feature directory: feature id, item count, body offset/length,
 //                      min/max key — a reader jumps straight to its feature's segment
 //   segment bodies     one per feature present in the page, items sorted by key:
-//                        u8 key_enc, u8 has_tomb, u16 0, u32 keys_bytes
+//                        u8 key_enc, u8 has_tomb, u16 pad, u32 keys_bytes
 //                        keys: nothing when they are a run (min_key + i), else LEB128
 //                              varint deltas — dense integer keys cost 0 or 1 byte each
 //                        tombstone bitmap (only when the segment holds deletes)
+//                        pad bytes, so fixed-width values of >= 16 bytes start aligned to
+//                              their power-of-two factor (<= 512): a 128-byte embedding row
+//                              never straddles a 512-byte device block
 //                        values: fixed width: count * width bytes;
 //                                variable: u32 offsets[count + 1], then the bytes
 //
@@ -28,7 +31,7 @@
 namespace recflash {
 
 constexpr uint32_t kPageMagic = 0x47504652;  // "RFPG"
-constexpr uint16_t kPageFormatVersion = 1;
+constexpr uint16_t kPageFormatVersion = 2;
 
 struct PageHeader {
   uint32_t magic;
@@ -53,6 +56,19 @@ struct SegDesc {
 static_assert(sizeof(SegDesc) == 32);
 
 constexpr uint32_t kSegBodyHeader = 8;
+
+// Alignment of fixed-width values inside a page (1 = none).
+inline uint32_t ValueAlign(uint32_t width) {
+  if (width < 16) return 1;
+  const uint32_t a = width & (~width + 1);  // largest power of two dividing width
+  return a < 512 ? a : 512;
+}
+// Offset of row 0 in a page holding a single run-keyed, tombstone-free segment of `width`.
+inline uint32_t SoloRowBase(uint32_t width) {
+  const uint32_t base = sizeof(PageHeader) + sizeof(SegDesc) + kSegBodyHeader;
+  const uint32_t a = ValueAlign(width);
+  return (base + a - 1) / a * a;
+}
 
 // What a writer learns about each segment it put into a page; becomes metadata.
 struct SegmentSummary {

@@ -163,6 +163,82 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   return status;
 }
 
+Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks,
+                          const BlockCallback& cb) {
+  std::vector<size_t> slot_block(depth_);
+  std::vector<uint32_t> slot_done(depth_, 0);
+  std::vector<unsigned> free_slots;
+  for (unsigned i = 0; i < depth_; i++) free_slots.push_back(depth_ - 1 - i);
+  size_t next = 0;
+  unsigned inflight = 0;
+  Status status;
+  auto submit = [&](unsigned sl) {
+    const Block& b = blocks[slot_block[sl]];
+    uint8_t* buf = slots_.data() + static_cast<size_t>(sl) * slot_bytes_;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    const uint32_t done = slot_done[sl];
+    if (registered_) {
+      io_uring_prep_read_fixed(sqe, fd, buf + done, b.len - done, b.offset + done, static_cast<int>(sl));
+    } else {
+      io_uring_prep_read(sqe, fd, buf + done, b.len - done, b.offset + done);
+    }
+    io_uring_sqe_set_data64(sqe, sl);
+    inflight++;
+  };
+  while (next < blocks.size() || inflight > 0) {
+    while (status.ok() && next < blocks.size() && !free_slots.empty()) {
+      if (blocks[next].len > slot_bytes_) return Status::InvalidArgument("block read larger than a ring slot");
+      const unsigned sl = free_slots.back();
+      free_slots.pop_back();
+      slot_block[sl] = next++;
+      slot_done[sl] = 0;
+      submit(sl);
+    }
+    if (inflight == 0) break;
+    int rc = io_uring_submit_and_wait(&ring_, 1);
+    if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    io_uring_cqe* cqe;
+    unsigned head, seen = 0;
+    std::vector<unsigned> again, done_slots;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      seen++;
+      const unsigned sl = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+      inflight--;
+      const Block& b = blocks[slot_block[sl]];
+      if (cqe->res < 0) {
+        if (cqe->res == -EAGAIN || cqe->res == -EINTR) {
+          again.push_back(sl);
+          continue;
+        }
+        if (status.ok())
+          status = Status::FromErrno("read of " + std::to_string(b.len) + " bytes at offset " + std::to_string(b.offset),
+                                     path, -cqe->res);
+        free_slots.push_back(sl);
+        continue;
+      }
+      if (cqe->res == 0) {
+        if (status.ok()) status = Status::Corruption("offset " + std::to_string(b.offset) + " of '" + path + "' lies beyond the end of the file");
+        free_slots.push_back(sl);
+        continue;
+      }
+      slot_done[sl] += static_cast<uint32_t>(cqe->res);
+      if (slot_done[sl] < b.len) again.push_back(sl);
+      else done_slots.push_back(sl);
+    }
+    io_uring_cq_advance(&ring_, seen);
+    for (unsigned sl : again) {
+      if (status.ok()) submit(sl);
+      else free_slots.push_back(sl);
+    }
+    for (unsigned sl : done_slots) {
+      if (status.ok()) status = cb(slot_block[sl], slots_.data() + static_cast<size_t>(sl) * slot_bytes_);
+      free_slots.push_back(sl);
+    }
+    if (!status.ok()) next = blocks.size();
+  }
+  return status;
+}
+
 Status IoRing::WriteRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                          const std::vector<const uint8_t*>& src) {
   struct Pending {

@@ -57,6 +57,14 @@ class IoRing {
   // Reads every run (each at most slot_bytes) from fd, calling cb as runs complete.
   Status ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                   const RunCallback& cb);
+  // Reads arbitrary byte ranges (offset and length aligned to the device's logical block,
+  // each at most slot_bytes): the vector-grained path. cb gets the block index and its bytes.
+  struct Block {
+    uint64_t offset;
+    uint32_t len;
+  };
+  using BlockCallback = std::function<Status(size_t block, const uint8_t* data)>;
+  Status ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb);
   // Writes each run from src (count * page_size bytes each, aligned); all submitted together.
   Status WriteRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                    const std::vector<const uint8_t*>& src);

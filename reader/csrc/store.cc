@@ -26,7 +26,7 @@ namespace {
 
 constexpr const char* kMarkerName = "RECFLASH";
 constexpr const char* kMarkerMagic = "recflash store";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  // 2: aligned fixed-width values
 constexpr uint8_t kOpPut = 1;
 constexpr uint8_t kOpDelete = 2;
 
@@ -288,6 +288,7 @@ Status Store::OpenImpl(const std::string& path) {
   const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
   rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
   RF_RETURN_IF_ERROR(IoRing::Create(o_.queue_depth, slot_bytes, &write_ring_));
+  block_rings_ = std::make_unique<IoRingPool>(128, 4096);
   return Recover();
 }
 
@@ -644,7 +645,7 @@ Status Store::CreateFeature(const std::string& name, const std::string& type, Fe
   d.name = name;
   d.type = vt;
   d.dim = dim;
-  if (d.fixed_width() > PageBuilder::MaxValueBytes(o_.page_size))
+  if (d.fixed_width() + ValueAlign(d.fixed_width()) - 1 > PageBuilder::MaxValueBytes(o_.page_size))
     return Status::TooLarge("feature '" + name + "': a " + type + " value is " + std::to_string(d.fixed_width()) +
                             " bytes, more than a page of " + std::to_string(o_.page_size) + " bytes holds (" +
                             std::to_string(PageBuilder::MaxValueBytes(o_.page_size)) + ")");
@@ -1058,7 +1059,7 @@ std::shared_ptr<const Version> Store::BuildVersion(uint64_t number) {
       const PageMeta& pm = pages_.at(p);
       for (const auto& s : pm.segs)
         if (s.fid == f->def.id && !s.retired && s.valid > 0)
-          refs->push_back({p, s.count, s.valid, s.tombs, pm.seq, s.min_key, s.max_key});
+          refs->push_back({p, s.count, s.valid, s.tombs, pm.segs.size() == 1, pm.seq, s.min_key, s.max_key});
     }
     std::sort(refs->begin(), refs->end(), [](const PageRef& a, const PageRef& b) {
       return a.min_key < b.min_key || (a.min_key == b.min_key && a.page < b.page);
@@ -1729,6 +1730,153 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
 }
 
 // ---------------------------------------------------------------------------------------
+// Embedding rows (the NDP engine's gather)
+
+Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n, bool vector_grained, float* out,
+                         GatherStats* st) {
+  const double t0 = Now();
+  RF_RETURN_IF_ERROR(CheckOpen());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  if (def.type != ValueType::kFixedFloat32)
+    return Status::Schema("feature '" + name + "' is " + def.TypeString() +
+                          "; embedding rows need fixed_size_list<float32, D>");
+  for (size_t i = 1; i < n; i++)
+    if (ids[i] <= ids[i - 1]) return Status::InvalidArgument("row ids for '" + name + "' must be ascending and unique");
+  const uint32_t w = def.fixed_width();
+  const uint32_t dim = def.dim;
+  const uint32_t ps = o_.page_size;
+  constexpr uint32_t kNone = UINT32_MAX;
+  std::vector<uint32_t> loc(n, kNone);
+  *st = GatherStats();
+  st->rows = n;
+  std::shared_ptr<const Version> v;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    FeatureBuffer* fb = buffer_.find(def.id);
+    if (fb) fb->Normalize();
+    const FeatureState* f = features_.Get(def.id);
+    size_t hint = 0, j = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (fb) {
+        const BufferedItems& b = fb->items();
+        j = std::lower_bound(b.keys.begin() + j, b.keys.end(), ids[i]) - b.keys.begin();
+        if (j < b.size() && b.keys[j] == ids[i]) {
+          if (b.tomb[j]) return Status::InvalidArgument("row " + std::to_string(ids[i]) + " of table '" + name + "' was deleted");
+          std::memcpy(out + i * dim, b.value(j), w);
+          st->buffer_rows++;
+          continue;
+        }
+      }
+      const int64_t pos = f->index.FindFrom(ids[i], &hint);
+      if (pos == KeyIndex::kAbsent || (f->index.loc(static_cast<size_t>(pos)) & KeyIndex::kTomb))
+        return Status::InvalidArgument("row " + std::to_string(ids[i]) + " is not in table '" + name + "' (" +
+                                       std::to_string(f->live_items) + " rows stored)");
+      loc[i] = f->index.loc(static_cast<size_t>(pos));
+    }
+    v = current_;
+    readers_.insert(v->number);
+  }
+  ReaderGuard guard(this, v->number);
+  static const std::vector<PageRef> kNoRefs;
+  const std::vector<PageRef>& refs =
+      def.id < v->features.size() && v->features[def.id] ? *v->features[def.id] : kNoRefs;
+
+  // Computed addresses for rows in packed pages; everything else goes through its page.
+  const uint64_t kRowBase = SoloRowBase(w);
+  struct Need {
+    uint64_t off;
+    uint32_t i;
+  };
+  std::vector<Need> needs;
+  std::vector<std::pair<uint32_t, uint32_t>> by_page;  // (page, i)
+  for (size_t i = 0; i < n; i++) {
+    if (loc[i] == kNone) continue;
+    const PageRef* r = nullptr;
+    auto it = std::upper_bound(refs.begin(), refs.end(), ids[i], [](uint64_t k, const PageRef& x) { return k < x.min_key; });
+    for (int steps = 0; it != refs.begin() && steps < 16; steps++) {
+      --it;
+      if (it->page == loc[i]) {
+        r = &*it;
+        break;
+      }
+    }
+    if (vector_grained && r && r->solo && r->tombs == 0 && r->valid == r->count &&
+        r->max_key - r->min_key + 1 == r->count) {
+      needs.push_back({static_cast<uint64_t>(loc[i]) * ps + kRowBase + (ids[i] - r->min_key) * w, static_cast<uint32_t>(i)});
+    } else {
+      by_page.emplace_back(loc[i], static_cast<uint32_t>(i));
+    }
+  }
+  if (!needs.empty()) {
+    std::sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) { return a.off < b.off; });
+    const uint64_t bs = block_size_;
+    std::vector<IoRing::Block> blocks;
+    std::vector<size_t> first_need;  // blocks[k] serves needs[first_need[k] .. first_need[k + 1])
+    for (size_t k = 0; k < needs.size(); k++) {
+      const uint64_t lo = needs[k].off / bs * bs;
+      const uint64_t hi = (needs[k].off + w + bs - 1) / bs * bs;
+      if (!blocks.empty() && lo <= blocks.back().offset + blocks.back().len && hi - blocks.back().offset <= 4096) {
+        blocks.back().len = static_cast<uint32_t>(std::max<uint64_t>(blocks.back().offset + blocks.back().len, hi) -
+                                                  blocks.back().offset);
+      } else {
+        blocks.push_back({lo, static_cast<uint32_t>(hi - lo)});
+        first_need.push_back(k);
+      }
+    }
+    first_need.push_back(needs.size());
+    RingLease ring(block_rings_.get());
+    RF_RETURN_IF_ERROR(ring.Acquire());
+    RF_RETURN_IF_ERROR(ring.get()->ReadBlocks(file_.fd(), pages_path_, blocks, [&](size_t b, const uint8_t* data) {
+      for (size_t k = first_need[b]; k < first_need[b + 1]; k++)
+        std::memcpy(out + static_cast<size_t>(needs[k].i) * dim, data + (needs[k].off - blocks[b].offset), w);
+      return Status::OK();
+    }));
+    st->vector_rows = needs.size();
+    st->device_reads += blocks.size();
+    for (const auto& b : blocks) st->device_bytes += b.len;
+  }
+  if (!by_page.empty()) {
+    std::sort(by_page.begin(), by_page.end());
+    std::vector<uint32_t> pids;
+    for (const auto& [p, i] : by_page)
+      if (pids.empty() || pids.back() != p) pids.push_back(p);
+    std::vector<uint64_t> keys;
+    size_t cursor = 0;
+    RingLease ring(rings_.get());
+    RF_RETURN_IF_ERROR(ring.Acquire());
+    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
+      SegmentView sv;
+      if (!pv.Find(def.id, &sv))
+        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks the segment of '" +
+                                  name + "' that the key index names");
+      sv.width = w;
+      keys.resize(sv.count);
+      sv.DecodeKeys(keys.data());
+      while (cursor < by_page.size() && by_page[cursor].first < pid) cursor++;
+      for (; cursor < by_page.size() && by_page[cursor].first == pid; cursor++) {
+        const uint32_t i = by_page[cursor].second;
+        auto f = std::lower_bound(keys.begin(), keys.end(), ids[i]);
+        if (f == keys.end() || *f != ids[i])
+          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks row " +
+                                    std::to_string(ids[i]) + " of '" + name + "' that the key index names");
+        const uint8_t* p;
+        uint32_t len;
+        sv.Value(static_cast<uint32_t>(f - keys.begin()), &p, &len);
+        std::memcpy(out + static_cast<size_t>(i) * dim, p, w);
+      }
+      return Status::OK();
+    }));
+    st->page_rows = by_page.size();
+    st->device_reads += CoalescePages(pids, rings_ ? (o_.max_io_bytes / ps) : 1).size();
+    st->device_bytes += pids.size() * static_cast<uint64_t>(ps);
+  }
+  st->seconds = Now() - t0;
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------
 // Close and statistics
 
 Status Store::Close() {
@@ -1748,6 +1896,7 @@ Status Store::Close() {
   file_.Close();
   write_ring_.reset();
   rings_.reset();
+  block_rings_.reset();
   meta_.Close();
   if (lock_fd_ >= 0) {
     ::flock(lock_fd_, LOCK_UN);

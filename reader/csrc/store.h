@@ -101,9 +101,21 @@ struct PageRef {
   uint32_t count;
   uint32_t valid;
   uint32_t tombs;
+  bool solo;  // the page holds only this feature's segment
   uint64_t seq;
   uint64_t min_key, max_key;
 };
+// What a row gather did (see Store::GatherRows).
+struct GatherStats {
+  uint64_t rows = 0;          // unique rows requested
+  uint64_t buffer_rows = 0;   // served from the write buffer (updates not yet flushed)
+  uint64_t vector_rows = 0;   // served by block-granular reads at a computed address
+  uint64_t page_rows = 0;     // served by whole-page reads (rows not in the packed layout)
+  uint64_t device_reads = 0;  // read requests issued
+  uint64_t device_bytes = 0;  // bytes requested from the device
+  double seconds = 0;
+};
+
 struct Version {
   uint64_t number = 0;
   std::vector<std::shared_ptr<const std::vector<PageRef>>> features;  // by feature id
@@ -136,6 +148,16 @@ class Store {
   Status ScanMany(const std::vector<std::string>& features, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
                   ReadStats* st);
   Status Get(const std::string& feature, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st);
+
+  // Rows of an embedding table (a fixed_size_list<float32, D> feature) for `ids` (ascending,
+  // unique) into out[n x D]. A row in a packed page (one feature, run keys, all valid — the
+  // layout load + compact() produce) has a computed address, and vector_grained reads just
+  // the device blocks holding it (a 128-byte row: one 512-byte read); other rows are found
+  // through the key index and read with their page (checksum verified), buffered updates
+  // come from DRAM. Block reads cannot verify a page checksum; the page path does.
+  Status GatherRows(const std::string& feature, const uint64_t* ids, size_t n, bool vector_grained, float* out,
+                    GatherStats* st);
+  uint32_t block_size() const { return block_size_; }
 
   std::string StatsJson();
   Status CheckOpenStatus() { return CheckOpen(); }
@@ -185,6 +207,8 @@ class Store {
   MetaStore meta_;
   std::unique_ptr<IoRingPool> rings_;
   std::unique_ptr<IoRing> write_ring_;
+  std::unique_ptr<IoRingPool> block_rings_;  // small slots, deep queue: vector-grained reads
+  uint32_t block_size_ = 512;                // device logical block (O_DIRECT alignment)
 
   // Writer side (guarded by write_mu_).
   std::mutex write_mu_;

@@ -1,0 +1,134 @@
+"""The NDP SLS engine against torch.nn.EmbeddingBag, model updates, layouts and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recflash.ndp import EmbeddingStore, SlsEngine, SlsRequest
+from recflash.reader import Store, StoreOptions
+from recflash.reader.errors import InvalidArgumentError, SchemaError, UnknownFeatureError
+
+ROWS, DIM = 5000, 32
+
+
+@pytest.fixture
+def tables(tmp_path):
+    store = Store.open(str(tmp_path / "s"), StoreOptions(write_buffer_bytes=4 << 20))
+    t = EmbeddingStore(store)
+    rng = np.random.default_rng(0)
+    weights = {}
+    for name, rows, dim in (("a", ROWS, DIM), ("b", 700, 16)):
+        w = rng.standard_normal((rows, dim)).astype(np.float32)
+        t.create_table(name, rows, dim)
+        t.load_table(name, w, progress=False)
+        weights[name] = w
+    yield t, weights
+    store.close()
+
+
+def _bags(rng, rows, batch, max_len, allow_empty=True):
+    lengths = rng.integers(0 if allow_empty else 1, max_len + 1, batch)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    indices = rng.integers(0, rows, int(lengths.sum())).astype(np.int64)
+    return indices, offsets
+
+
+def _reference(w, indices, offsets, mode, psw=None):
+    bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(w), mode=mode)
+    return bag(torch.from_numpy(indices), torch.from_numpy(offsets),
+               per_sample_weights=None if psw is None else torch.from_numpy(psw)).numpy()
+
+
+@pytest.mark.parametrize("vector_grained", [True, False])
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_sls_equals_embedding_bag(tables, mode, vector_grained):
+    t, weights = tables
+    eng = SlsEngine(t, vector_grained=vector_grained)
+    rng = np.random.default_rng(1)
+    ia, oa = _bags(rng, ROWS, 64, 40)
+    ib, ob = _bags(rng, 700, 17, 5)
+    ib[:4] = ib[0]  # duplicate ids inside and across bags
+    out = eng.sls([SlsRequest("a", ia, oa, mode), SlsRequest("b", ib, ob, mode)])
+    np.testing.assert_allclose(out[0], _reference(weights["a"], ia, oa, mode), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[1], _reference(weights["b"], ib, ob, mode), rtol=1e-5, atol=1e-5)
+    st = eng.last_stats
+    assert st["lookups"] == len(ia) + len(ib)
+    assert st["unique_rows"] <= st["lookups"]
+    if vector_grained:
+        g = st["gather"]
+        assert g["vector_rows"] == st["unique_rows"] and g["page_rows"] == 0
+        assert g["device_bytes"] <= 512 * g["vector_rows"], "rows of <= 512 B cost at most one 512-byte block"
+
+
+def test_per_sample_weights_empty_bags_and_torch_tensors(tables):
+    t, weights = tables
+    eng = SlsEngine(t)
+    rng = np.random.default_rng(2)
+    idx, off = _bags(rng, ROWS, 32, 8)
+    off[5] = off[4]  # force an empty bag
+    idx_t, off_t = torch.from_numpy(idx), torch.from_numpy(off)
+    psw = rng.random(len(idx)).astype(np.float32)
+    out = eng.sls([SlsRequest("a", idx_t, off_t, "sum", torch.from_numpy(psw))])[0]
+    assert isinstance(out, torch.Tensor) and out.shape == (32, DIM)
+    np.testing.assert_allclose(out.numpy(), _reference(weights["a"], idx, off, "sum", psw), rtol=1e-5, atol=1e-5)
+    empty = eng.sls([SlsRequest("a", np.zeros(0, np.int64), np.zeros(3, np.int64))])[0]
+    assert empty.shape == (3, DIM) and not empty.any()
+
+
+def test_update_rows_visible_before_and_after_flush_and_compact(tables):
+    t, weights = tables
+    eng = SlsEngine(t)
+    ids = np.array([3, 17, 4999, 17], dtype=np.int64)
+    new = np.full((4, DIM), 7.0, np.float32)
+    new[3] = 9.0  # the last write of id 17 wins
+    t.update_rows("a", ids, new)
+    w = weights["a"].copy()
+    w[[3, 4999]] = 7.0
+    w[17] = 9.0
+    idx = np.array([3, 17, 100, 4999, 17], dtype=np.int64)
+    off = np.array([0, 2], dtype=np.int64)
+    for stage in ("buffered", "flushed", "compacted"):
+        if stage == "flushed":
+            t.store.flush()
+        if stage == "compacted":
+            t.compact("a")
+        for vg in (True, False):
+            out = SlsEngine(t, vector_grained=vg).sls([SlsRequest("a", idx, off)])[0]
+            np.testing.assert_allclose(out, _reference(w, idx, off, "sum"), rtol=1e-5, err_msg=stage)
+    np.testing.assert_allclose(t.read_rows("a", [17, 3]), w[[17, 3]])
+    g = eng.sls([SlsRequest("a", idx, off)]) and eng.last_stats["gather"]
+    assert g["vector_rows"] == 4 and g["page_rows"] == 0, "after compact() every row is in the packed layout"
+
+
+def test_rows_survive_reopen(tmp_path):
+    path = str(tmp_path / "s")
+    w = np.random.default_rng(3).standard_normal((1000, 8)).astype(np.float32)
+    with Store.open(path) as s:
+        t = EmbeddingStore(s)
+        t.create_table("t", 1000, 8)
+        t.load_table("t", w, progress=False)
+        t.update_rows("t", [5], np.zeros((1, 8), np.float32))
+    w[5] = 0
+    with Store.open(path) as s:
+        t = EmbeddingStore(s)
+        assert t.info("t").num_rows == 1000
+        np.testing.assert_allclose(t.read_rows("t", np.arange(1000)), w)
+
+
+def test_bad_input(tables):
+    t, _ = tables
+    eng = SlsEngine(t)
+    with pytest.raises(InvalidArgumentError, match="out of range for table 'a'"):
+        eng.sls([SlsRequest("a", np.array([ROWS]), np.array([0]))])
+    with pytest.raises(InvalidArgumentError, match="offsets decrease"):
+        eng.sls([SlsRequest("a", np.array([1, 2, 3]), np.array([0, 2, 1]))])
+    with pytest.raises(UnknownFeatureError, match="unknown embedding table 'nope'"):
+        eng.sls([SlsRequest("nope", np.array([1]), np.array([0]))])
+    with pytest.raises(SchemaError, match="weights have shape"):
+        t.load_table("b", np.zeros((700, 3), np.float32), progress=False)
+    with pytest.raises(SchemaError, match="rows of shape"):
+        t.update_rows("a", [1, 2], np.zeros((2, DIM + 1), np.float32))
+    with pytest.raises(InvalidArgumentError, match="mode"):
+        eng.sls([SlsRequest("a", np.array([1]), np.array([0]), mode="max")])

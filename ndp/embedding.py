@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 import zlib
 from typing import Dict, Optional
 
@@ -49,6 +50,7 @@ class EmbeddingStore:
         self.store = store
         self.store.create_feature(_CATALOG, "binary")
         self._tables: Dict[str, TableInfo] = {}
+        self._engines = weakref.WeakSet()  # SLS engines whose caches must follow updates
         cat = self.store.scan(_CATALOG)
         for v in cat.column("value").to_pylist():
             d = json.loads(v)
@@ -120,6 +122,12 @@ class EmbeddingStore:
             raise SchemaError(f"table '{name}': {len(ids)} ids need rows of shape ({len(ids)}, {t.dim}), "
                               f"got {r.shape}")
         self.store.put(self.feature_name(name), ids.astype(np.uint64), r)
+        uniq = np.unique(ids)
+        for engine in list(self._engines):
+            engine._invalidate(name, uniq)
+
+    def _register_engine(self, engine) -> None:
+        self._engines.add(engine)
 
     def read_rows(self, name: str, ids, vector_grained: bool = True) -> np.ndarray:
         """Rows for ids (any order, duplicates allowed) as a [len(ids), dim] float32 array."""

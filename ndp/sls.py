@@ -10,6 +10,7 @@ weights, empty bags give zeros).
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
@@ -29,15 +30,37 @@ class SlsRequest:
 
 
 class SlsEngine:
-    def __init__(self, tables: EmbeddingStore, vector_grained: bool = True):
+    """Pooled embedding lookups over the tables of an :class:`EmbeddingStore`.
+
+    Caches (all off by default; each has a byte budget and hit/miss counters, see
+    :meth:`cache_stats`):
+
+    - ``row_cache_bytes``: host-side LRU row cache;
+    - ``hot_rows_bytes``: static hot-row partition, filled by :meth:`profile` from a trace;
+    - ``pooled_cache_bytes`` / ``pooled_min_bag``: pooled-embedding cache keyed by an
+      order-invariant hash of a bag's ids, for bags of at least ``pooled_min_bag`` ids;
+    - ``device_cache_bytes``: store-side direct-mapped row cache.
+
+    ``EmbeddingStore.update_rows`` keeps every engine built on it coherent.
+    """
+
+    def __init__(self, tables: EmbeddingStore, vector_grained: bool = True, row_cache_bytes: int = 0,
+                 hot_rows_bytes: int = 0, pooled_cache_bytes: int = 0, pooled_min_bag: int = 8,
+                 device_cache_bytes: int = 0):
+        from recflash import _native
+
         self.tables = tables
         self.vector_grained = vector_grained
+        self._engine = _native.SlsEngine(tables.store._s, dict(
+            vector_grained=vector_grained, row_cache_bytes=int(row_cache_bytes),
+            hot_rows_bytes=int(hot_rows_bytes), pooled_cache_bytes=int(pooled_cache_bytes),
+            pooled_min_bag=int(pooled_min_bag), device_cache_bytes=int(device_cache_bytes),
+            expected_tables=max(1, len(tables.tables()))))
+        tables._register_engine(self)
         self.last_stats: dict = {}
 
-    def sls(self, requests: Sequence[Union[SlsRequest, tuple]]) -> List:
-        """Pooled [B, dim] float32 per request (torch tensors when the indices are)."""
-        native = []
-        as_torch = []
+    def _native_requests(self, requests):
+        native, as_torch = [], []
         for req in requests:
             if not isinstance(req, SlsRequest):
                 req = SlsRequest(*req)
@@ -57,10 +80,26 @@ class SlsEngine:
             w = None if req.per_sample_weights is None else _as_numpy(req.per_sample_weights, np.float32).reshape(-1)
             native.append((EmbeddingStore.feature_name(req.table), idx, off, w, req.mode == "mean"))
             as_torch.append(hasattr(req.indices, "detach"))
-        outs, stats = self.tables.store._s.sls(native, self.vector_grained)
+        return native, as_torch
+
+    def sls(self, requests: Sequence[Union[SlsRequest, tuple]]) -> List:
+        """Pooled [B, dim] float32 per request (torch tensors when the indices are)."""
+        native, as_torch = self._native_requests(requests)
+        outs, stats = self._engine.run(native)
         self.last_stats = stats
         if any(as_torch):
             import torch
 
             return [torch.from_numpy(o) if t else o for o, t in zip(outs, as_torch)]
         return list(outs)
+
+    def profile(self, requests: Sequence[Union[SlsRequest, tuple]]) -> None:
+        """Chooses the static hot rows (most frequent in `requests`) within hot_rows_bytes."""
+        native, _ = self._native_requests(requests)
+        self._engine.profile(native)
+
+    def cache_stats(self) -> dict:
+        return json.loads(self._engine.cache_stats())
+
+    def _invalidate(self, table: str, ids: np.ndarray) -> None:
+        self._engine.invalidate(EmbeddingStore.feature_name(table), ids.astype(np.uint64))

@@ -132,3 +132,49 @@ def test_bad_input(tables):
         t.update_rows("a", [1, 2], np.zeros((2, DIM + 1), np.float32))
     with pytest.raises(InvalidArgumentError, match="mode"):
         eng.sls([SlsRequest("a", np.array([1]), np.array([0]), mode="max")])
+
+
+CACHE_CONFIGS = {
+    "row_cache": dict(row_cache_bytes=64 << 10),
+    "hot_rows": dict(hot_rows_bytes=64 << 10),
+    "pooled_cache": dict(pooled_cache_bytes=256 << 10, pooled_min_bag=4),
+    "device_cache": dict(device_cache_bytes=256 << 10),
+    "all": dict(row_cache_bytes=32 << 10, hot_rows_bytes=16 << 10, pooled_cache_bytes=256 << 10,
+                pooled_min_bag=2, device_cache_bytes=64 << 10),
+}
+
+
+@pytest.mark.parametrize("config", sorted(CACHE_CONFIGS))
+def test_caches_are_exact_hit_and_stay_coherent(tables, config):
+    t, weights = tables
+    w = weights["a"].copy()
+    eng = SlsEngine(t, **CACHE_CONFIGS[config])
+    rng = np.random.default_rng(4)
+    # a skewed trace: a few hot rows recur across batches, and whole bags repeat
+    hot = rng.integers(0, ROWS, 20)
+    batches = []
+    for _ in range(6):
+        idx = np.where(rng.random(64 * 6) < 0.7, rng.choice(hot, 64 * 6), rng.integers(0, ROWS, 64 * 6))
+        off = np.arange(0, 64 * 6, 6, dtype=np.int64)
+        batches.append((idx.astype(np.int64), off))
+    batches.append(batches[0])  # identical bags again: pooled-cache hits
+    if "hot_rows_bytes" in CACHE_CONFIGS[config]:
+        eng.profile([SlsRequest("a", i, o) for i, o in batches])
+    for i, o in batches:
+        out = eng.sls([SlsRequest("a", i, o)])[0]
+        np.testing.assert_allclose(out, _reference(w, i, o, "sum"), rtol=1e-5, atol=1e-5)
+    cs = eng.cache_stats()
+    used = {"row_cache": ["row_cache"], "hot_rows": ["hot_rows"], "pooled_cache": ["pooled_cache"],
+            "device_cache": ["device_cache"], "all": ["row_cache", "hot_rows", "pooled_cache"]}[config]
+    for c in used:
+        assert cs[c]["hits"] > 0, (c, cs[c])
+        assert cs[c]["bytes"] <= cs[c]["budget_bytes"], (c, cs[c])
+    # model update while serving: every cached copy follows
+    upd = np.unique(np.concatenate([hot[:10], batches[0][0][:30]]))
+    new_rows = rng.standard_normal((len(upd), DIM)).astype(np.float32)
+    t.update_rows("a", upd, new_rows)
+    w[upd] = new_rows
+    for i, o in batches:
+        out = eng.sls([SlsRequest("a", i, o)])[0]
+        np.testing.assert_allclose(out, _reference(w, i, o, "sum"), rtol=1e-5, atol=1e-5,
+                                   err_msg=f"{config}: stale cache after update_rows")

@@ -28,35 +28,90 @@ Status Validate(const SlsRequest& r, const FeatureDef& def) {
 
 }  // namespace
 
-Status SlsEngine::Run(const std::vector<SlsRequest>& requests, bool vector_grained, SlsStats* stats) {
+SlsEngine::SlsEngine(Store* store, const SlsOptions& o)
+    : store_(store), o_(o), rows_(o.row_cache_bytes), pooled_(o.pooled_cache_bytes, o.pooled_min_bag) {}
+
+DirectMappedCache* SlsEngine::DeviceCache(uint32_t fid, uint32_t dim) {
+  if (!o_.device_cache_bytes) return nullptr;
+  auto& c = device_[fid];
+  if (!c) c = std::make_unique<DirectMappedCache>(o_.device_cache_bytes / std::max(1u, o_.expected_tables), dim);
+  return c->enabled() ? c.get() : nullptr;
+}
+
+Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) {
+  std::lock_guard<std::mutex> l(mu_);
   const auto t0 = std::chrono::steady_clock::now();
   *stats = SlsStats();
-  std::vector<uint32_t> order, uid_of;
-  std::vector<uint64_t> uids;
-  std::vector<float> rows;
+  std::vector<uint32_t> order, uid_of, miss_u;
+  std::vector<uint64_t> uids, miss;
+  std::vector<float> rows, fetched;
+  std::vector<uint8_t> done;
   for (const SlsRequest& r : requests) {
     FeatureDef def;
     RF_RETURN_IF_ERROR(store_->LookupFeature(r.table, &def));
     RF_RETURN_IF_ERROR(Validate(r, def));
-    const size_t n = r.num_indices;
     const uint32_t dim = def.dim;
-    // Sorted (row id, position) pairs: each row is read once however often it is used.
-    order.resize(n);
-    std::iota(order.begin(), order.end(), 0u);
+    const uint32_t fid = def.id;
+    std::memset(r.out, 0, sizeof(float) * r.num_bags * dim);
+    // 1. Whole bags from the pooled-embedding cache.
+    done.assign(r.num_bags, 0);
+    const bool pool_cacheable = pooled_.enabled() && !r.weights;
+    if (pool_cacheable) {
+      for (size_t b = 0; b < r.num_bags; b++) {
+        const uint32_t len = static_cast<uint32_t>(r.offsets[b + 1] - r.offsets[b]);
+        if (len >= pooled_.min_len())
+          done[b] = pooled_.Get(PooledCache::Key(fid, r.mean, r.indices + r.offsets[b], len), r.out + b * dim, dim);
+      }
+    }
+    // 2. Sorted (row id, position) pairs of the remaining bags: each row fetched once.
+    order.clear();
+    for (size_t b = 0; b < r.num_bags; b++)
+      if (!done[b])
+        for (int64_t p = r.offsets[b]; p < r.offsets[b + 1]; p++) order.push_back(static_cast<uint32_t>(p));
     std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return r.indices[a] < r.indices[b]; });
     uids.clear();
-    uid_of.resize(n);
-    for (size_t k = 0; k < n; k++) {
-      const uint64_t id = static_cast<uint64_t>(r.indices[order[k]]);
+    uid_of.assign(r.num_indices, 0);
+    for (uint32_t p : order) {
+      const uint64_t id = static_cast<uint64_t>(r.indices[p]);
       if (uids.empty() || uids.back() != id) uids.push_back(id);
-      uid_of[order[k]] = static_cast<uint32_t>(uids.size() - 1);
+      uid_of[p] = static_cast<uint32_t>(uids.size() - 1);
     }
+    // 3. Rows: hot partition, host row cache, store-side cache, then the store.
     rows.resize(uids.size() * dim);
+    miss.clear();
+    miss_u.clear();
+    DirectMappedCache* dev = DeviceCache(fid, dim);
+    for (size_t u = 0; u < uids.size(); u++) {
+      const uint64_t key = RowKey(fid, uids[u]);
+      float* dst = rows.data() + u * dim;
+      if (hot_.size()) {
+        if (const float* h = hot_.Row(key)) {
+          std::memcpy(dst, h, dim * sizeof(float));
+          hot_.counters.hits++;
+          continue;
+        }
+        hot_.counters.misses++;
+      }
+      if (rows_.enabled() && rows_.Get(key, dst, dim)) continue;
+      if (dev && dev->Get(key, dst)) continue;
+      miss.push_back(uids[u]);
+      miss_u.push_back(static_cast<uint32_t>(u));
+    }
     GatherStats gs;
-    RF_RETURN_IF_ERROR(store_->GatherRows(r.table, uids.data(), uids.size(), vector_grained, rows.data(), &gs));
-    // Pool in index order within each bag (the order torch.nn.EmbeddingBag sums in).
-    std::memset(r.out, 0, sizeof(float) * r.num_bags * dim);
+    if (!miss.empty()) {
+      fetched.resize(miss.size() * dim);
+      RF_RETURN_IF_ERROR(store_->GatherRows(r.table, miss.data(), miss.size(), o_.vector_grained, fetched.data(), &gs));
+      for (size_t k = 0; k < miss.size(); k++) {
+        const float* row = fetched.data() + k * dim;
+        std::memcpy(rows.data() + static_cast<size_t>(miss_u[k]) * dim, row, dim * sizeof(float));
+        const uint64_t key = RowKey(fid, miss[k]);
+        if (rows_.enabled()) rows_.Put(key, row, dim);
+        if (dev) dev->Put(key, row);
+      }
+    }
+    // 4. Pool in index order within each bag (the order torch.nn.EmbeddingBag sums in).
     for (size_t b = 0; b < r.num_bags; b++) {
+      if (done[b]) continue;
       float* acc = r.out + b * dim;
       const int64_t a = r.offsets[b], z = r.offsets[b + 1];
       for (int64_t p = a; p < z; p++) {
@@ -68,8 +123,10 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, bool vector_grain
         const float inv = 1.0f / static_cast<float>(z - a);
         for (uint32_t d = 0; d < dim; d++) acc[d] *= inv;
       }
+      if (pool_cacheable && static_cast<uint32_t>(z - a) >= pooled_.min_len())
+        pooled_.Put(PooledCache::Key(fid, r.mean, r.indices + a, static_cast<uint32_t>(z - a)), acc, dim);
     }
-    stats->lookups += n;
+    stats->lookups += r.num_indices;
     stats->unique_rows += uids.size();
     stats->gather.rows += gs.rows;
     stats->gather.buffer_rows += gs.buffer_rows;
@@ -81,6 +138,97 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, bool vector_grain
   }
   stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::OK();
+}
+
+Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {
+  std::lock_guard<std::mutex> l(mu_);
+  hot_.Clear();
+  if (!o_.hot_rows_bytes) return Status::OK();
+  struct T {
+    std::string name;
+    uint32_t dim;
+  };
+  std::unordered_map<uint32_t, T> tables;
+  std::unordered_map<uint64_t, uint32_t> freq;
+  for (const SlsRequest& r : requests) {
+    FeatureDef def;
+    RF_RETURN_IF_ERROR(store_->LookupFeature(r.table, &def));
+    RF_RETURN_IF_ERROR(Validate(r, def));
+    tables[def.id] = {r.table, def.dim};
+    for (size_t i = 0; i < r.num_indices; i++) freq[RowKey(def.id, static_cast<uint64_t>(r.indices[i]))]++;
+  }
+  std::vector<std::pair<uint32_t, uint64_t>> ranked;
+  ranked.reserve(freq.size());
+  for (const auto& [k, c] : freq) ranked.emplace_back(c, k);
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  std::unordered_map<uint32_t, std::vector<uint64_t>> chosen;
+  size_t used = 0;
+  for (const auto& [c, k] : ranked) {
+    const uint32_t fid = static_cast<uint32_t>(k >> 40);
+    const size_t cost = tables[fid].dim * sizeof(float) + 32;
+    if (used + cost > o_.hot_rows_bytes) break;
+    used += cost;
+    chosen[fid].push_back(k & ((1ull << 40) - 1));
+  }
+  std::vector<float> buf;
+  for (auto& [fid, ids] : chosen) {
+    std::sort(ids.begin(), ids.end());
+    const uint32_t dim = tables[fid].dim;
+    buf.resize(ids.size() * dim);
+    GatherStats gs;
+    RF_RETURN_IF_ERROR(store_->GatherRows(tables[fid].name, ids.data(), ids.size(), o_.vector_grained, buf.data(), &gs));
+    for (size_t i = 0; i < ids.size(); i++) hot_.Add(RowKey(fid, ids[i]), buf.data() + i * dim, dim);
+  }
+  return Status::OK();
+}
+
+Status SlsEngine::Invalidate(const std::string& table, const uint64_t* ids, size_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(store_->LookupFeature(table, &def));
+  DirectMappedCache* dev = device_.count(def.id) ? device_[def.id].get() : nullptr;
+  std::vector<uint64_t> hot_ids;
+  for (size_t i = 0; i < n; i++) {
+    const uint64_t key = RowKey(def.id, ids[i]);
+    rows_.Erase(key);
+    if (dev) dev->Erase(key);
+    if (hot_.Contains(key)) hot_ids.push_back(ids[i]);
+  }
+  if (!hot_ids.empty()) {  // hot rows stay hot: refresh their copies from the store
+    std::sort(hot_ids.begin(), hot_ids.end());
+    hot_ids.erase(std::unique(hot_ids.begin(), hot_ids.end()), hot_ids.end());
+    std::vector<float> buf(hot_ids.size() * def.dim);
+    GatherStats gs;
+    RF_RETURN_IF_ERROR(store_->GatherRows(table, hot_ids.data(), hot_ids.size(), o_.vector_grained, buf.data(), &gs));
+    for (size_t i = 0; i < hot_ids.size(); i++) hot_.Refresh(RowKey(def.id, hot_ids[i]), buf.data() + i * def.dim, def.dim);
+    hot_.counters.invalidations += hot_ids.size();
+  }
+  pooled_.ClearTable(def.id);
+  return Status::OK();
+}
+
+std::string SlsEngine::CacheStatsJson() {
+  std::lock_guard<std::mutex> l(mu_);
+  auto one = [](const char* name, const CacheCounters& c, size_t bytes, size_t budget) {
+    return std::string("\"") + name + "\":{\"hits\":" + std::to_string(c.hits) + ",\"misses\":" + std::to_string(c.misses) +
+           ",\"inserts\":" + std::to_string(c.inserts) + ",\"evictions\":" + std::to_string(c.evictions) +
+           ",\"invalidations\":" + std::to_string(c.invalidations) + ",\"bytes\":" + std::to_string(bytes) +
+           ",\"budget_bytes\":" + std::to_string(budget) + "}";
+  };
+  CacheCounters dev;
+  size_t dev_bytes = 0;
+  for (const auto& [fid, c] : device_) {
+    dev.hits += c->counters.hits;
+    dev.misses += c->counters.misses;
+    dev.inserts += c->counters.inserts;
+    dev.evictions += c->counters.evictions;
+    dev.invalidations += c->counters.invalidations;
+    dev_bytes += c->bytes();
+  }
+  return "{" + one("row_cache", rows_.counters, rows_.bytes(), o_.row_cache_bytes) + "," +
+         one("hot_rows", hot_.counters, hot_.bytes(), o_.hot_rows_bytes) + "," +
+         one("pooled_cache", pooled_.counters, pooled_.bytes(), o_.pooled_cache_bytes) + "," +
+         one("device_cache", dev, dev_bytes, o_.device_cache_bytes) + "}";
 }
 
 }  // namespace recflash::ndp

@@ -6,9 +6,13 @@
 // bags by position — so only the pooled [B, dim] result leaves the engine.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "ndp/csrc/cache.h"
 #include "reader/csrc/store.h"
 
 namespace recflash::ndp {
@@ -32,13 +36,36 @@ struct SlsStats {
   double seconds = 0;
 };
 
+struct SlsOptions {
+  bool vector_grained = true;     // block-granular reads at computed addresses (else pages)
+  size_t row_cache_bytes = 0;     // host LRU row cache
+  size_t hot_rows_bytes = 0;      // static hot-row partition (filled by Profile)
+  size_t pooled_cache_bytes = 0;  // pooled-embedding cache
+  uint32_t pooled_min_bag = 8;    // only bags at least this long are cached
+  size_t device_cache_bytes = 0;  // store-side direct-mapped row cache, split over tables
+  uint32_t expected_tables = 1;
+};
+
 class SlsEngine {
  public:
-  explicit SlsEngine(Store* store) : store_(store) {}
-  Status Run(const std::vector<SlsRequest>& requests, bool vector_grained, SlsStats* stats);
+  explicit SlsEngine(Store* store, const SlsOptions& o = SlsOptions());
+  Status Run(const std::vector<SlsRequest>& requests, SlsStats* stats);
+  // Counts row frequencies over a representative trace and keeps the hottest rows that fit
+  // hot_rows_bytes in DRAM; they are then pooled without touching the store.
+  Status Profile(const std::vector<SlsRequest>& requests);
+  // Rows of `table` were rewritten (update_rows): drop or refresh every cached copy.
+  Status Invalidate(const std::string& table, const uint64_t* ids, size_t n);
+  std::string CacheStatsJson();
 
  private:
+  DirectMappedCache* DeviceCache(uint32_t fid, uint32_t dim);
   Store* store_;
+  SlsOptions o_;
+  std::mutex mu_;  // one Run at a time per engine (caches are not thread-safe)
+  RowCache rows_;
+  PooledCache pooled_;
+  HotRows hot_;
+  std::unordered_map<uint32_t, std::unique_ptr<DirectMappedCache>> device_;
 };
 
 }  // namespace recflash::ndp

@@ -69,6 +69,64 @@ py::dict GatherStatsDict(const GatherStats& g) {
   return d;
 }
 
+// requests: [(table, indices int64, offsets int64 (B + 1), weights float32 | None, mean)]
+struct ParsedRequests {
+  std::vector<ndp::SlsRequest> reqs;
+  std::vector<py::object> keep;  // arrays stay alive while the GIL is released
+  py::list outs;
+};
+
+ParsedRequests ParseSls(Store* store, const py::list& requests) {
+  ParsedRequests pr;
+  for (const auto& item : requests) {
+    auto t = item.cast<py::tuple>();
+    ndp::SlsRequest r;
+    r.table = t[0].cast<std::string>();
+    auto idx = t[1].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
+    auto off = t[2].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
+    pr.keep.push_back(idx);
+    pr.keep.push_back(off);
+    if (off.size() < 1) Raise(Status::InvalidArgument("sls on table '" + r.table + "': offsets must have B + 1 entries"));
+    r.indices = idx.data();
+    r.num_indices = static_cast<size_t>(idx.size());
+    r.offsets = off.data();
+    r.num_bags = static_cast<size_t>(off.size()) - 1;
+    if (!t[3].is_none()) {
+      auto w = t[3].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+      if (static_cast<size_t>(w.size()) != r.num_indices)
+        Raise(Status::InvalidArgument("sls on table '" + r.table + "': per_sample_weights must match indices"));
+      pr.keep.push_back(w);
+      r.weights = w.data();
+    }
+    r.mean = t[4].cast<bool>();
+    FeatureDef d;
+    Check(store->LookupFeature(r.table, &d));
+    r.dim = d.type == ValueType::kFixedFloat32 ? d.dim : 0;
+    py::array_t<float> out({static_cast<py::ssize_t>(r.num_bags), static_cast<py::ssize_t>(std::max<uint32_t>(r.dim, 1))});
+    r.out = out.mutable_data();
+    pr.outs.append(out);
+    pr.reqs.push_back(std::move(r));
+  }
+  return pr;
+}
+
+py::tuple RunSls(Store* store, ndp::SlsEngine* engine, const py::list& requests) {
+  ParsedRequests pr = ParseSls(store, requests);
+  ndp::SlsStats ss;
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = engine->Run(pr.reqs, &ss);
+  }
+  Check(st);
+  py::dict d;
+  d["lookups"] = ss.lookups;
+  d["unique_rows"] = ss.unique_rows;
+  d["gather"] = GatherStatsDict(ss.gather);
+  d["seconds"] = ss.seconds;
+  return py::make_tuple(pr.outs, d);
+}
+
 StoreOptions OptionsFromDict(const py::dict& d) {
   StoreOptions o;
   auto get = [&](const char* k, auto& field) {
@@ -243,55 +301,14 @@ class PyStore {
     return py::make_tuple(out, GatherStatsDict(gs));
   }
 
-  // requests: [(table, indices int64, offsets int64 (B + 1), weights float32 | None, mean)]
   py::tuple Sls(const py::list& requests, bool vector_grained) {
-    std::vector<ndp::SlsRequest> reqs;
-    std::vector<py::object> keep;  // arrays stay alive while the GIL is released
-    py::list outs;
-    for (const auto& item : requests) {
-      auto t = item.cast<py::tuple>();
-      ndp::SlsRequest r;
-      r.table = t[0].cast<std::string>();
-      auto idx = t[1].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
-      auto off = t[2].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
-      keep.push_back(idx);
-      keep.push_back(off);
-      if (off.size() < 1) Raise(Status::InvalidArgument("sls on table '" + r.table + "': offsets must have B + 1 entries"));
-      r.indices = idx.data();
-      r.num_indices = static_cast<size_t>(idx.size());
-      r.offsets = off.data();
-      r.num_bags = static_cast<size_t>(off.size()) - 1;
-      if (!t[3].is_none()) {
-        auto w = t[3].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
-        if (static_cast<size_t>(w.size()) != r.num_indices)
-          Raise(Status::InvalidArgument("sls on table '" + r.table + "': per_sample_weights must match indices"));
-        keep.push_back(w);
-        r.weights = w.data();
-      }
-      r.mean = t[4].cast<bool>();
-      FeatureDef d;
-      Check(s_->LookupFeature(r.table, &d));
-      r.dim = d.type == ValueType::kFixedFloat32 ? d.dim : 0;
-      py::array_t<float> out({static_cast<py::ssize_t>(r.num_bags), static_cast<py::ssize_t>(std::max<uint32_t>(r.dim, 1))});
-      r.out = out.mutable_data();
-      outs.append(out);
-      reqs.push_back(std::move(r));
-    }
-    ndp::SlsStats ss;
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      ndp::SlsEngine engine(s_.get());
-      st = engine.Run(reqs, vector_grained, &ss);
-    }
-    Check(st);
-    py::dict d;
-    d["lookups"] = ss.lookups;
-    d["unique_rows"] = ss.unique_rows;
-    d["gather"] = GatherStatsDict(ss.gather);
-    d["seconds"] = ss.seconds;
-    return py::make_tuple(outs, d);
+    ndp::SlsOptions o;
+    o.vector_grained = vector_grained;
+    ndp::SlsEngine engine(s_.get(), o);
+    return RunSls(s_.get(), &engine, requests);
   }
+
+  Store* store() { return s_.get(); }
 
   std::string StatsJson() {
     Check(s_->CheckOpenStatus());
@@ -304,6 +321,50 @@ class PyStore {
 
  private:
   std::unique_ptr<Store> s_;
+};
+
+// An SLS engine with caches, bound to an open store (kept alive by the Python object).
+class PySlsEngine {
+ public:
+  PySlsEngine(py::object store, const py::dict& opts) : store_obj_(store) {
+    store_ = store.cast<PyStore&>().store();
+    ndp::SlsOptions o;
+    auto get = [&](const char* k, auto& field) {
+      if (opts.contains(k)) field = opts[k].cast<std::decay_t<decltype(field)>>();
+    };
+    get("vector_grained", o.vector_grained);
+    get("row_cache_bytes", o.row_cache_bytes);
+    get("hot_rows_bytes", o.hot_rows_bytes);
+    get("pooled_cache_bytes", o.pooled_cache_bytes);
+    get("pooled_min_bag", o.pooled_min_bag);
+    get("device_cache_bytes", o.device_cache_bytes);
+    get("expected_tables", o.expected_tables);
+    engine_ = std::make_unique<ndp::SlsEngine>(store_, o);
+  }
+  py::tuple Run(const py::list& requests) { return RunSls(store_, engine_.get(), requests); }
+  void Profile(const py::list& requests) {
+    ParsedRequests pr = ParseSls(store_, requests);
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = engine_->Profile(pr.reqs);
+    }
+    Check(st);
+  }
+  void Invalidate(const std::string& table, py::array_t<uint64_t, py::array::c_style> ids) {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = engine_->Invalidate(table, ids.data(), ids.size());
+    }
+    Check(st);
+  }
+  std::string CacheStats() { return engine_->CacheStatsJson(); }
+
+ private:
+  py::object store_obj_;
+  Store* store_;
+  std::unique_ptr<ndp::SlsEngine> engine_;
 };
 
 }  // namespace
@@ -328,5 +389,11 @@ PYBIND11_MODULE(_native, m) {
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);
+  py::class_<PySlsEngine>(m, "SlsEngine")
+      .def(py::init<py::object, const py::dict&>(), py::arg("store"), py::arg("options"))
+      .def("run", &PySlsEngine::Run)
+      .def("profile", &PySlsEngine::Profile)
+      .def("invalidate", &PySlsEngine::Invalidate)
+      .def("cache_stats", &PySlsEngine::CacheStats);
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
 }

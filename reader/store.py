@@ -32,6 +32,11 @@ class StoreOptions:
     write_buffer_bytes: int = 64 << 20
     #: Open the page file with O_DIRECT (bypass the OS page cache).
     direct_io: bool = True
+    #: Accounting mode: the same flush/pinner/merger/reclamation decide the same layout, but
+    #: no page, WAL or metadata is written and merges find records through the key index;
+    #: read costs come from account_scan(). For dataset sizes the disk cannot hold. Needs a
+    #: new store directory; nothing survives close().
+    accounting: bool = False
     #: fsync the WAL on every put/delete. Off: durability points are sync() and flush().
     sync_on_write: bool = False
     #: io_uring requests in flight per reader.
@@ -371,6 +376,12 @@ class Store:
         (rkeys, values, offsets, found), st = self._s.get(feature, k)
         self._tls.stats = st
         return f.decode(values, offsets, len(k), found=found)
+
+    def account_scan(self, feature: str) -> dict:
+        """What a full scan of `feature` would read, from the metadata alone (no I/O):
+        pages_read, bytes_read, useful_bytes, encoded_bytes, items. Works in both modes."""
+        self._feature(feature)
+        return dict(self._s.account_scan(feature))
 
     def last_read_stats(self) -> dict:
         """pages_read, bytes_read, useful_bytes, items, seconds, read_amplification of this

@@ -135,6 +135,7 @@ StoreOptions OptionsFromDict(const py::dict& d) {
   get("page_size", o.page_size);
   get("write_buffer_bytes", o.write_buffer_bytes);
   get("direct_io", o.direct_io);
+  get("accounting", o.accounting);
   get("sync_on_write", o.sync_on_write);
   get("queue_depth", o.queue_depth);
   get("max_io_bytes", o.max_io_bytes);
@@ -310,6 +311,17 @@ class PyStore {
 
   Store* store() { return s_.get(); }
 
+  py::dict AccountScan(const std::string& name) {
+    ReadStats rs;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->AccountScan(name, &rs);
+    }
+    Check(st);
+    return ReadStatsDict(rs);
+  }
+
   std::string StatsJson() {
     Check(s_->CheckOpenStatus());
     py::gil_scoped_release nogil;
@@ -384,6 +396,7 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &PyStore::Close)
       .def("scan_many", &PyStore::ScanMany)
       .def("get", &PyStore::Get)
+      .def("account_scan", &PyStore::AccountScan)
       .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
       .def("sls", &PyStore::Sls, py::arg("requests"), py::arg("vector_grained") = true)
       .def("stats_json", &PyStore::StatsJson)

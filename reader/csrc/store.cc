@@ -314,6 +314,8 @@ Status Store::Recover() {
     pages_.MarkLive(pid, pm.seq, std::move(pm.segs));
     max_pid = std::max(max_pid, pid + 1);
   }
+  if (o_.accounting && !pages.empty())
+    return Status::InvalidArgument("accounting mode needs a new store; '" + path_ + "' already holds pages");
   uint64_t slots = 0;
   RF_RETURN_IF_ERROR(file_.SlotCount(&slots));
   pages_.EnsureSlots(static_cast<uint32_t>(std::max<uint64_t>(slots, max_pid)));
@@ -599,6 +601,13 @@ Status Store::ReplayWal(uint64_t* max_number) {
 // ---------------------------------------------------------------------------------------
 // Features
 
+Status Store::CheckReadable() {
+  if (o_.accounting)
+    return Status::InvalidArgument("store '" + path_ + "' is in accounting mode: it keeps no page contents to read "
+                                   "(use account_scan() for read costs)");
+  return Status::OK();
+}
+
 Status Store::CheckOpen() {
   if (closed_) return Status::Closed("store '" + path_ + "' is closed");
   return Status::OK();
@@ -757,11 +766,11 @@ Status Store::Write(WriteOp* w) {
     s = closed_ ? Status::Closed("store '" + path_ + "' is closed") : bg_error_;
     bool sync = o_.sync_on_write;
     for (WriteOp* x : group) {
-      if (!s.ok()) break;
+      if (!s.ok() || o_.accounting) break;
       s = wal_.Append(kWalBatch, x->payload);
       sync = sync || x->sync;
     }
-    if (s.ok() && sync) s = wal_.Sync();
+    if (s.ok() && sync && !o_.accounting) s = wal_.Sync();
     if (s.ok()) {
       std::lock_guard<std::mutex> l(mu_);
       for (WriteOp* x : group)
@@ -818,24 +827,24 @@ Status Store::FlushLocked(bool force) {
       if (!pinned.count(c.fid)) write_fids.push_back(c.fid);
   }
   // Everything acknowledged so far becomes durable first (flush is a durability point).
-  Status s = wal_.Sync();
+  Status s = o_.accounting ? Status::OK() : wal_.Sync();
   if (!s.ok()) return bg_error_ = s;
   if (write_fids.empty()) return Status::OK();
 
   // Start a new WAL file holding only what stays pinned; once this flush commits, the older
   // files are obsolete.
   const uint64_t new_wal = wal_number_ + 1;
-  s = wal_.Open(WalFileName(wal_dir_, new_wal));
-  if (s.ok()) {
+  if (!o_.accounting) s = wal_.Open(WalFileName(wal_dir_, new_wal));
+  if (s.ok() && !o_.accounting) {
     for (uint32_t fid : pinned) {
       std::vector<std::string> payloads;
       EncodeBuffered(fid, features_.Get(fid)->def.fixed_width(), buffer_.find(fid)->items(), &payloads);
       for (const auto& p : payloads)
         if (s.ok()) s = wal_.Append(kWalBatch, p);
     }
+    if (s.ok()) s = wal_.Sync();
+    if (s.ok()) s = SyncDir(wal_dir_);
   }
-  if (s.ok()) s = wal_.Sync();
-  if (s.ok()) s = SyncDir(wal_dir_);
   if (!s.ok()) return bg_error_ = s;
   wal_number_ = new_wal;
 
@@ -875,7 +884,7 @@ Status Store::FlushLocked(bool force) {
     for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
   }
   std::vector<uint64_t> numbers;
-  if (ListWalFiles(wal_dir_, &numbers).ok())
+  if (!o_.accounting && ListWalFiles(wal_dir_, &numbers).ok())
     for (uint64_t no : numbers)
       if (no < new_wal) ::unlink(WalFileName(wal_dir_, no).c_str());
   flushes_++;
@@ -926,10 +935,13 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
   std::vector<uint64_t> seqs;
   std::vector<uint32_t> rec_page(recs.size());
   PageBuilder pb(ps);
-  auto page_ptr = [&](size_t i) { return blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps); };
+  AlignedBuffer scratch(o_.accounting ? ps : 0);  // accounting: pages are built, not kept
+  auto page_ptr = [&](size_t i) {
+    return o_.accounting ? scratch.data() : blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps);
+  };
   auto finish = [&]() {
     const size_t i = summaries.size();
-    if (i % kBlockPages == 0) blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
+    if (!o_.accounting && i % kBlockPages == 0) blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
     summaries.emplace_back();
     seqs.push_back(pstate_.next_seq++);
     pb.Finish(page_ptr(i), seqs.back(), 0, &summaries.back());
@@ -949,6 +961,20 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
   finish();
   const size_t npages = summaries.size();
   const std::vector<uint32_t> ids = pages_.Allocate(static_cast<uint32_t>(npages));
+  if (!o_.accounting) RF_RETURN_IF_ERROR(WritePagesLocked(ids, page_ptr));
+  pstate_.pages_written += npages;
+  *pages_written = npages;
+
+  // The pages are durable: update the tables (committed to RocksDB by the caller).
+  UpdateTablesLocked(recs, rec_page, ids, summaries, seqs, dirty, freed);
+  return Status::OK();
+}
+
+template <typename PagePtr>
+Status Store::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr) {
+  const uint32_t ps = o_.page_size;
+  constexpr uint32_t kBlockPages = 32;
+  const size_t npages = ids.size();
   for (size_t i = 0; i < npages; i++) StampPageId(page_ptr(i), ps, ids[i]);
   // Runs of consecutive ids within one block go out as one write.
   std::vector<PageRun> runs;
@@ -964,11 +990,14 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
     }
   }
   RF_RETURN_IF_ERROR(write_ring_->WriteRuns(file_.fd(), pages_path_, ps, runs, src));
-  RF_RETURN_IF_ERROR(file_.Sync());
-  pstate_.pages_written += npages;
-  *pages_written = npages;
+  return file_.Sync();
+}
 
-  // The pages are durable: update the tables (committed to RocksDB by the caller).
+void Store::UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<uint32_t>& rec_page,
+                               const std::vector<uint32_t>& ids,
+                               const std::vector<std::vector<SegmentSummary>>& summaries,
+                               const std::vector<uint64_t>& seqs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed) {
+  const size_t npages = ids.size();
   for (size_t i = 0; i < npages; i++) {
     std::vector<SegMeta> segs;
     for (const auto& s : summaries[i]) {
@@ -1017,7 +1046,6 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
       new_lens.clear();
     }
   }
-  return Status::OK();
 }
 
 Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) {
@@ -1026,7 +1054,7 @@ Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint3
     if (pages_.at(p).live) MetaStore::PutPage(&b, p, pages_.at(p));
   for (uint32_t p : freed) MetaStore::DeletePage(&b, p);
   MetaStore::PutState(&b, pstate_);
-  RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  if (!o_.accounting) RF_RETURN_IF_ERROR(meta_.Commit(&b));
   for (uint32_t p : freed) pages_.MarkDead(p);
   return Status::OK();
 }
@@ -1043,7 +1071,7 @@ void Store::ReleasePendingLocked() {
   }
   std::sort(release.begin(), release.end());
   for (const PageRun& r : CoalescePages(release, UINT32_MAX)) {
-    file_.Punch(r.first, r.count);  // best effort: the slot is reusable either way
+    if (!o_.accounting) file_.Punch(r.first, r.count);  // best effort: the slot is reusable either way
     for (uint32_t i = 0; i < r.count; i++) pages_.AddFree(r.first + i);
   }
 }
@@ -1159,7 +1187,38 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
     }
     return Status::OK();
   };
-  RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), pids, cb));
+  if (o_.accounting) {
+    // No page contents: a record of F in page p is valid iff F's key index points at p.
+    std::map<uint32_t, std::vector<uint8_t>> in_victim;  // fid -> page bitmap
+    for (const auto& [pid, wf] : want) {
+      const bool all = std::find(wf.begin(), wf.end(), MoveTask::kAllFeatures) != wf.end();
+      for (const auto& sm : pages_.at(pid).segs) {
+        if (sm.retired || (!all && std::find(wf.begin(), wf.end(), sm.fid) == wf.end())) continue;
+        auto& bm = in_victim[sm.fid];
+        bm.resize(pages_.slots(), 0);
+        bm[pid] = 1;
+        src_pages[sm.fid].insert(pid);
+      }
+    }
+    uint32_t max_len = 0;
+    for (auto& [fid, bm] : in_victim) {
+      const FeatureState* f = features_.Get(fid);
+      const KeyIndex& idx = f->index;
+      const uint32_t w = f->def.fixed_width();
+      for (size_t i = 0; i < idx.size(); i++) {
+        const uint32_t loc = idx.loc(i);
+        const uint32_t p = loc & ~KeyIndex::kTomb;
+        if (p >= bm.size() || !bm[p]) continue;
+        const bool tomb = (loc & KeyIndex::kTomb) != 0;
+        const uint32_t len = tomb ? 0 : (w ? w : idx.len(i));
+        max_len = std::max(max_len, len);
+        moved.push_back({fid, idx.key(i), tomb, 0, len, static_cast<int64_t>(i)});
+      }
+    }
+    arena.assign(std::max<uint32_t>(max_len, 1), 0);  // values do not matter, sizes do
+  } else {
+    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), pids, cb));
+  }
   pages_read_ += pids.size();
   bytes_read_ += pids.size() * static_cast<uint64_t>(ps);
 
@@ -1257,6 +1316,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
                        ReadStats* st) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckReadable());
   const size_t nf = names.size();
   const bool to_end = hi == UINT64_MAX;
   // Upper-bound position of hi in a sorted key array.
@@ -1610,6 +1670,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
 Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckReadable());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
   const uint32_t w = def.fixed_width();
@@ -1729,6 +1790,27 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   return Status::OK();
 }
 
+Status Store::AccountScan(const std::string& name, ReadStats* st) {
+  const double t0 = Now();
+  RF_RETURN_IF_ERROR(CheckOpen());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  std::lock_guard<std::mutex> wl(write_mu_);  // the tables belong to the writer side
+  const FeatureState* f = features_.Get(def.id);
+  double encoded = 0;
+  for (uint32_t p : f->pages)
+    for (const auto& sm : pages_.at(p).segs)
+      if (sm.fid == def.id && !sm.retired) encoded += sm.live_disk_bytes();
+  *st = ReadStats();
+  st->pages_read = f->pages.size();
+  st->bytes_read = f->pages.size() * static_cast<uint64_t>(o_.page_size);
+  st->useful_bytes = f->live_bytes;
+  st->encoded_bytes = encoded;
+  st->items = f->live_items;
+  st->seconds = Now() - t0;
+  return Status::OK();
+}
+
 // ---------------------------------------------------------------------------------------
 // Embedding rows (the NDP engine's gather)
 
@@ -1736,6 +1818,7 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
                          GatherStats* st) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckReadable());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
   if (def.type != ValueType::kFixedFloat32)
@@ -1887,7 +1970,7 @@ Status Store::Close() {
     if (bg_error_.ok()) s = FlushLocked(true);
     Status s2 = wal_.Sync();
     if (s.ok()) s = s2;
-    if (s.ok()) s = WriteCheckpoint();
+    if (s.ok() && !o_.accounting) s = WriteCheckpoint();
     std::unique_lock<std::mutex> l(mu_);
     closed_ = true;
     readers_cv_.wait(l, [&] { return readers_.empty(); });

@@ -47,6 +47,11 @@ struct StoreOptions {
   bool direct_io = true;                  // O_DIRECT page file
   bool sync_on_write = false;             // fsync the WAL on every put/delete
   unsigned queue_depth = 32;              // io_uring requests in flight
+  // Accounting mode: the same flush, pinner, merger and reclamation decide the same layout,
+  // but pages are not written (nor the WAL, nor the metadata), merges find their records
+  // through the key index instead of reading pages, and reads are costed with AccountScan.
+  // Reaches dataset sizes the disk cannot hold; nothing survives close().
+  bool accounting = false;
   uint32_t max_io_bytes = 256u << 10;     // largest coalesced read
   PinnerOptions pinner;
   MergerOptions merger;
@@ -148,6 +153,9 @@ class Store {
   Status ScanMany(const std::vector<std::string>& features, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
                   ReadStats* st);
   Status Get(const std::string& feature, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st);
+  // What scanning a whole feature would read, from the metadata alone (no I/O): pages,
+  // bytes, useful and encoded bytes. Works in both modes.
+  Status AccountScan(const std::string& feature, ReadStats* st);
 
   // Rows of an embedding table (a fixed_size_list<float32, D> feature) for `ids` (ascending,
   // unique) into out[n x D]. A row in a packed page (one feature, run keys, all valid — the
@@ -189,6 +197,11 @@ class Store {
   Status WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed,
                             uint64_t* pages_written);
   void InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed);
+  template <typename PagePtr>
+  Status WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr);
+  void UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<uint32_t>& rec_page,
+                          const std::vector<uint32_t>& ids, const std::vector<std::vector<SegmentSummary>>& summaries,
+                          const std::vector<uint64_t>& seqs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed);
   Status CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed);
   void InstallLocked(const std::set<uint32_t>& freed);
   void ReleasePendingLocked();
@@ -198,6 +211,7 @@ class Store {
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);
   void FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st);
   Status CheckOpen();
+  Status CheckReadable();
   Status FeatureFor(const std::string& name, FeatureDef* def);
 
   StoreOptions o_;

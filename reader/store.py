@@ -269,6 +269,62 @@ def _drop_max(cols, key_range: KeyRange):
     return out
 
 
+def _outer_join(names, keys, arrays) -> pa.Table:
+    """Outer join of per-feature (sorted unique keys, values) on key, null where a feature
+    lacks a key. Row-number-like keys (span at most 8x the longest column) use a presence
+    bitmap and prefix counts — O(rows), no sort; other key sets fall back to np.unique."""
+    nonempty = [k for k in keys if len(k)]
+    if not nonempty:
+        return pa.table({"key": pa.array([], type=pa.uint64()), **dict(zip(names, arrays))})
+    kmin = min(int(k[0]) for k in nonempty)
+    kmax = max(int(k[-1]) for k in nonempty)
+    span = kmax - kmin + 1
+    longest = max(len(k) for k in keys)
+    rank = None
+    dense_run = longest == span and kmax < _MAX_KEY  # one feature has every key of the span
+    if dense_run:
+        all_keys = np.arange(kmin, kmax + 1, dtype=np.uint64)
+    elif span <= 8 * longest + 1024 and kmax < _MAX_KEY:
+        present = np.zeros(span, dtype=bool)
+        for k in nonempty:
+            present[k - np.uint64(kmin)] = True
+        all_keys = np.flatnonzero(present).astype(np.uint64) + np.uint64(kmin)
+        rank = np.cumsum(present, dtype=np.int64)
+        rank -= 1
+    else:
+        all_keys = np.unique(np.concatenate(nonempty))
+    n = len(all_keys)
+    out = {"key": pa.array(all_keys, type=pa.uint64())}
+    for name, k, arr in zip(names, keys, arrays):
+        if len(k) == n:
+            out[name] = arr  # every key present: identical key sets (both sorted, unique)
+            continue
+        if dense_run:
+            pos = (k - np.uint64(kmin)).astype(np.int64)
+        elif rank is not None:
+            pos = rank[k - np.uint64(kmin)]
+        else:
+            pos = np.searchsorted(all_keys, k)
+        out[name] = _spread(arr, pos, n)
+    return pa.table(out)
+
+
+def _spread(arr: pa.Array, pos: np.ndarray, n: int) -> pa.Array:
+    """An array of length n with arr's values at positions pos and nulls elsewhere."""
+    t = arr.type
+    mask = np.zeros(n, dtype=bool)
+    mask[pos] = True
+    validity = pa.py_buffer(np.packbits(mask, bitorder="little"))
+    if (pa.types.is_int64(t) or pa.types.is_float32(t)) and arr.null_count == 0:
+        dtype = np.int64 if pa.types.is_int64(t) else np.float32
+        vals = np.zeros(n, dtype=dtype)
+        vals[pos] = np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize)
+        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(vals)], null_count=n - len(pos))
+    idx = np.zeros(n, dtype=np.int64)
+    idx[pos] = np.arange(len(pos), dtype=np.int64)
+    return arr.take(pa.array(idx, mask=~mask))
+
+
 class Store:
     """A READER store in a directory. Create or reopen with :meth:`Store.open`."""
 
@@ -354,20 +410,8 @@ class Store:
         cols, st = self._s.scan_many(features, lo, hi)
         self._tls.stats = st
         cols = _drop_max(cols, key_range)
-        key_arrays = [c[0] for c in cols]
-        all_keys = np.unique(np.concatenate(key_arrays)) if key_arrays else np.zeros(0, np.uint64)
-        out = {"key": pa.array(all_keys, type=pa.uint64())}
-        for f, (keys, values, offsets, _) in zip(fs, cols):
-            arr = f.decode(values, offsets, len(keys))
-            if len(keys) == len(all_keys):
-                out[f.name] = arr  # every key present: keys are identical (both sorted, unique)
-                continue
-            pos = np.searchsorted(keys, all_keys)
-            present = pos < len(keys)
-            present[present] = keys[pos[present]] == all_keys[present]
-            idx = pa.array(np.where(present, pos, 0), mask=~present, type=pa.int64())
-            out[f.name] = arr.take(idx)
-        return pa.table(out)
+        arrays = [f.decode(values, offsets, len(keys)) for f, (keys, values, offsets, _) in zip(fs, cols)]
+        return _outer_join(features, [c[0] for c in cols], arrays)
 
     def get(self, feature: str, keys) -> pa.Array:
         """Point lookups: values aligned with keys, null where absent."""

@@ -64,6 +64,13 @@ void KeyIndex::InsertNew(const std::vector<uint64_t>& keys, const std::vector<ui
     }
     Materialize();
   }
+  if (keys_.empty() || keys.front() > keys_.back()) {
+    // Appending past the end (bulk loads, row-number keys with gaps): no merge.
+    keys_.insert(keys_.end(), keys.begin(), keys.end());
+    locs_.insert(locs_.end(), locs.begin(), locs.end());
+    if (track_lens_) lens_.insert(lens_.end(), lens.begin(), lens.end());
+    return;
+  }
   std::vector<uint64_t> k;
   std::vector<uint32_t> l, n;
   k.reserve(keys_.size() + keys.size());

@@ -54,6 +54,7 @@ Status SyncDir(const std::string& dir) {
 std::string EncodeBatch(uint8_t op, uint32_t fid, const uint64_t* keys, size_t n, uint32_t width,
                         const uint8_t* values, const int64_t* offsets) {
   std::string p;
+  p.reserve(17 + n * 12 + (op == kOpPut ? (width ? n * width : offsets[n] - offsets[0]) : 0));
   Append(&p, op);
   Append(&p, fid);
   Append(&p, static_cast<uint32_t>(n));
@@ -444,18 +445,30 @@ constexpr uint64_t kCheckpointMagic = 0x31544b4348434652ull;  // "RFCHCKT1"
 }
 
 Status Store::WriteCheckpoint() {
+  // Streamed a feature at a time (a large key index is not copied whole), crc32c over all.
+  const std::string tmp = path_ + "/CHECKPOINT.tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return Status::FromErrno("open", tmp, errno);
+  uint32_t crc = 0;
+  bool ok = true;
   std::string out;
+  auto emit = [&]() {
+    crc = crc32c::Extend(crc, out.data(), out.size());
+    ok = ok && std::fwrite(out.data(), 1, out.size(), f) == out.size();
+    out.clear();
+  };
   Append(&out, kCheckpointMagic);
   Append(&out, pstate_.next_seq);
   Append(&out, static_cast<uint64_t>(pages_.live_pages()));
   auto feats = features_.All();
   Append(&out, static_cast<uint32_t>(feats.size()));
-  for (FeatureState* f : feats) {
-    Append(&out, f->def.id);
-    Append(&out, f->live_items);
-    Append(&out, f->live_bytes);
-    Append(&out, f->tombs);
-    f->index.Serialize(&out);
+  for (FeatureState* fs : feats) {
+    Append(&out, fs->def.id);
+    Append(&out, fs->live_items);
+    Append(&out, fs->live_bytes);
+    Append(&out, fs->tombs);
+    fs->index.Serialize(&out);
+    emit();
   }
   for (uint32_t p = 0; p < pages_.slots(); p++) {
     const PageMeta& pm = pages_.at(p);
@@ -465,13 +478,11 @@ Status Store::WriteCheckpoint() {
       Append(&out, sm.valid);
       Append(&out, sm.valid_bytes);
     }
+    if (out.size() > (1u << 20)) emit();
   }
-  const uint32_t crc = crc32c::Value(out.data(), out.size());
+  emit();
   Append(&out, crc);
-  const std::string tmp = path_ + "/CHECKPOINT.tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return Status::FromErrno("open", tmp, errno);
-  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  ok = ok && std::fwrite(out.data(), 1, out.size(), f) == out.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   std::fclose(f);
   if (!ok) return Status::IOError("cannot write checkpoint '" + tmp + "'");
   if (::rename(tmp.c_str(), (path_ + "/CHECKPOINT").c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
@@ -878,7 +889,7 @@ Status Store::FlushLocked(bool force) {
     // their pages appears, so readers see them exactly once.
     auto v = BuildVersion(current_->number + 1);
     std::lock_guard<std::mutex> l(mu_);
-    for (uint32_t fid : write_fids) buffer_.Erase(fid);
+    for (uint32_t fid : write_fids) buffer_.find(fid)->Clear();
     for (uint32_t fid : pinned) buffer_.find(fid)->pinned_flushes++;
     current_ = v;
     for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
@@ -930,7 +941,8 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
   if (recs.empty()) return Status::OK();
   const uint32_t ps = o_.page_size;
   constexpr uint32_t kBlockPages = 32;
-  std::vector<AlignedBuffer> blocks;
+  std::vector<AlignedBuffer>& blocks = write_blocks_;  // reused across flushes: no faults
+  size_t blocks_used = 0;
   std::vector<std::vector<SegmentSummary>> summaries;
   std::vector<uint64_t> seqs;
   std::vector<uint32_t> rec_page(recs.size());
@@ -941,7 +953,8 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
   };
   auto finish = [&]() {
     const size_t i = summaries.size();
-    if (!o_.accounting && i % kBlockPages == 0) blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
+    if (!o_.accounting && i % kBlockPages == 0 && ++blocks_used > blocks.size())
+      blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
     summaries.emplace_back();
     seqs.push_back(pstate_.next_seq++);
     pb.Finish(page_ptr(i), seqs.back(), 0, &summaries.back());

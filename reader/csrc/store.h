@@ -236,6 +236,7 @@ class Store {
   Reclaimer reclaimer_;
   Status bg_error_;
   std::vector<std::pair<uint64_t, uint32_t>> pending_free_;  // (version that dropped it, page)
+  std::vector<AlignedBuffer> write_blocks_;                  // page staging for writes, reused
 
   // Group commit queue.
   std::mutex queue_mu_;

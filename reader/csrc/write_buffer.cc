@@ -12,22 +12,29 @@ void FeatureBuffer::Append(const uint64_t* keys, size_t n, const uint8_t* values
   const size_t start = b.keys.size();
   b.keys.insert(b.keys.end(), keys, keys + n);
   b.tomb.insert(b.tomb.end(), n, tomb ? 1 : 0);
-  for (size_t i = 0; i < n; i++) {
-    uint32_t len = 0;
-    const uint8_t* v = nullptr;
-    if (!tomb) {
-      if (width) {
-        len = width;
-        v = values + i * width;
-      } else {
-        len = static_cast<uint32_t>(offsets[i + 1] - offsets[i]);
-        v = values + offsets[i];
-      }
+  b.off.resize(start + n);
+  b.len.resize(start + n);
+  const uint64_t base = b.arena.size();
+  if (tomb) {
+    for (size_t i = 0; i < n; i++) {
+      b.off[start + i] = base;
+      b.len[start + i] = 0;
     }
-    b.off.push_back(b.arena.size());
-    b.len.push_back(len);
-    if (len) b.arena.insert(b.arena.end(), v, v + len);
-    bytes_ += ItemBytes(len);
+    bytes_ += n * ItemBytes(0);
+  } else if (width) {
+    b.arena.insert(b.arena.end(), values, values + n * width);
+    for (size_t i = 0; i < n; i++) {
+      b.off[start + i] = base + i * width;
+      b.len[start + i] = width;
+    }
+    bytes_ += n * ItemBytes(width);
+  } else {
+    b.arena.insert(b.arena.end(), values + offsets[0], values + offsets[n]);
+    for (size_t i = 0; i < n; i++) {
+      b.off[start + i] = base + static_cast<uint64_t>(offsets[i] - offsets[0]);
+      b.len[start + i] = static_cast<uint32_t>(offsets[i + 1] - offsets[i]);
+      bytes_ += ItemBytes(b.len[start + i]);
+    }
   }
   // Keep the "already sorted" fast path for ascending appends (bulk loads).
   if (was_sorted) {
@@ -65,7 +72,13 @@ void FeatureBuffer::Normalize() {
 }
 
 void FeatureBuffer::Clear() {
-  items_ = BufferedItems();
+  // Keep the capacity: the next flush cycle refills these vectors, and re-growing them from
+  // nothing costs page faults and copies on every flush.
+  items_.keys.clear();
+  items_.tomb.clear();
+  items_.off.clear();
+  items_.len.clear();
+  items_.arena.clear();
   sorted_ = 0;
   bytes_ = 0;
   pinned_flushes = 0;

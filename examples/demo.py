@@ -6,14 +6,20 @@ Creates four features of different types, loads ~200k keys, applies rounds of ra
 range of two features and a few point lookups, prints what each read cost and the store's
 amplification figures, then closes, reopens and checks that every item is still there.
 
+Then the ingest path: writes a small synthetic Criteo-like TSV (Kaggle layout), imports it
+with `recflash import criteo`, prints `recflash stats` of the new store, and turns its first
+rows into a TorchRec Batch with recflash.ingest.Preprocessor.
+
     make demo                                   # from the repo root
     .venv/bin/python examples/demo.py --keys 50000 --path /tmp/mystore --keep
+    .venv/bin/python examples/demo.py --criteo-rows 0     # skip the ingest part
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -150,6 +156,8 @@ def main() -> int:
     ap.add_argument("--path", type=Path, help="store directory to create (default: a fresh temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the temp store afterwards")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--criteo-rows", type=int, default=100_000,
+                    help="rows of the synthetic Criteo TSV for the ingest part (default 100000; 0 skips it)")
     args = ap.parse_args()
 
     if args.path is not None and args.path.exists() and any(args.path.iterdir()):
@@ -161,13 +169,21 @@ def main() -> int:
         path = tmp / "store"
     else:
         path = args.path
+    ingest_dir = Path(tempfile.mkdtemp(prefix="recflash-demo-ingest-")) if args.criteo_rows > 0 else None
     try:
         run(path, args)
+        if ingest_dir is not None:
+            run_ingest(ingest_dir, args)
     finally:
         if tmp is not None and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp is not None:
             console.print(f"store kept at [bold]{path}[/bold] (try: .venv/bin/recflash info {path})")
+        if ingest_dir is not None and not args.keep:
+            shutil.rmtree(ingest_dir, ignore_errors=True)
+        elif ingest_dir is not None:
+            console.print(f"Criteo store kept at [bold]{ingest_dir / 'criteo'}[/bold] "
+                          f"(try: .venv/bin/recflash stats --store {ingest_dir / 'criteo'})")
     return 0
 
 
@@ -336,6 +352,62 @@ def run(path: Path, args: argparse.Namespace) -> None:
     if not (ok_rating and ok_clicks and ok_genres and ok_emb):
         raise SystemExit("the store returned different data after reopen")
     console.rule(f"done in {time.perf_counter() - t_start:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# the ingest path: TSV -> store -> TorchRec Batch
+
+
+def _recflash_cli() -> str:
+    exe = Path(sys.executable).with_name("recflash")
+    return str(exe) if exe.exists() else "recflash"
+
+
+def run_ingest(workdir: Path, args: argparse.Namespace) -> None:
+    from recflash.ingest import criteo, synthetic
+
+    t_start = time.perf_counter()
+    console.rule("[bold]ingest: a Criteo-like dataset")
+    tsv = workdir / "day_0.tsv"
+    store = workdir / "criteo"
+    t0 = time.perf_counter()
+    size = synthetic.write_criteo_tsv(tsv, args.criteo_rows, seed=args.seed)
+    console.print(f"wrote {tsv} ({args.criteo_rows:,} lines, {fmt_bytes(size)}, Kaggle layout: label, I1..I13, "
+                  f"C1..C26 as 8 hex digits; Kaggle's empty-field rates, Zipf ids) in {time.perf_counter() - t0:.1f} s")
+    for cmd in ([_recflash_cli(), "import", "criteo", str(tsv), "--store", str(store), "--write-buffer-mb", "64"],
+                [_recflash_cli(), "stats", "--store", str(store)]):
+        console.print(f"\n[bold]$ recflash {' '.join(cmd[1:])}[/bold]", highlight=False)
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(workdir))
+        sys.stdout.write(r.stdout)
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr)
+            raise SystemExit(f"`recflash {cmd[1]}` failed with exit code {r.returncode}")
+
+    console.rule("ingest: store rows -> TorchRec Batch")
+    console.print("importing torch / torchrec …", style="dim")
+    import logging
+
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # a torchrec import-time notice
+    from recflash.ingest import Preprocessor
+
+    pre = Preprocessor.criteo(table_sizes=[100_000] * len(criteo.CAT_NAMES))
+    with Store.open(str(store)) as s:
+        table = s.scan_many(pre.features, key_range=(0, 4096))
+    batch = pre(table)
+    kjt = batch.sparse_features
+    t = new_table(show_header=False)
+    t.add_column("part", no_wrap=True)
+    t.add_column("value")
+    t.add_row("scan_many(40 features, keys [0, 4096))", f"{table.num_rows:,} rows × {table.num_columns} columns")
+    t.add_row("dense_features", f"{tuple(batch.dense_features.shape)} {batch.dense_features.dtype}: "
+              "log(1 + max(x, 0)), missing -> 0")
+    t.add_row("sparse_features", f"KeyedJaggedTensor keys C1..C26, {kjt.values().numel():,} ids "
+              f"(mod 100000), lengths {tuple(kjt.lengths().shape)}")
+    t.add_row("labels", f"{tuple(batch.labels.shape)} {batch.labels.dtype}, mean {float(batch.labels.mean()):.3f}")
+    t.add_row("row 0 dense", "[" + ", ".join(f"{x:.2f}" for x in batch.dense_features[0].tolist()) + "]")
+    t.add_row("row 0 C1..C4", str([kjt[c].values()[0].item() for c in ("C1", "C2", "C3", "C4")]))
+    show(t)
+    console.rule(f"ingest part done in {time.perf_counter() - t_start:.1f} s")
 
 
 if __name__ == "__main__":

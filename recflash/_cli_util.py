@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -105,3 +107,64 @@ def ratio(x: float | int | None, digits: int = 2) -> str:
         return "—"
     x = float(x)
     return f"{x:.{digits}f}" if math.isfinite(x) else "—"
+
+
+# ---------------------------------------------------------------------------------------------
+# tables shared by `recflash info` and `recflash stats`
+
+# (stats key, label, formatter)
+_INFO_FIGURES: list[tuple[str, str, Any]] = [
+    ("pages_in_use", "pages in use", lambda v: f"{int(v):,}"),
+    ("file_bytes", "file bytes", human_bytes),
+    ("live_items", "live items", lambda v: f"{int(v):,}"),
+    ("live_item_bytes", "live item bytes", human_bytes),
+    ("space_amplification", "space amplification", ratio),
+    ("write_amplification", "write amplification", ratio),
+    ("metadata_dram_bytes_per_item", "metadata DRAM bytes / item", ratio),
+    ("disk_bytes_per_item", "disk bytes / item", ratio),
+]
+
+
+def _table(title: str, **kw: Any) -> Table:
+    return Table(title=title, title_justify="left", caption_justify="left", box=box.SIMPLE_HEAD,
+                 show_edge=False, pad_edge=False, **kw)
+
+
+def _features_table(types: dict[str, str], stats: dict[str, Any]) -> Table:
+    per_feature = stats.get("features") or {}
+    fragmentation = stats.get("fragmentation") or {}
+    table = _table(
+        "features",
+        caption="frag. = fragmentation degree: pages holding the feature ÷ its ideal packed pages",
+    )
+    table.add_column("feature", no_wrap=True)
+    table.add_column("type", no_wrap=True)
+    table.add_column("items", justify="right", no_wrap=True)
+    table.add_column("pages", justify="right", no_wrap=True)
+    table.add_column("valid\nbytes", justify="right", no_wrap=True)
+    table.add_column("frag.", justify="right", no_wrap=True)
+    for name in [*types, *sorted(n for n in per_feature if n not in types)]:  # creation order
+        f = per_feature.get(name) or {}
+        frag = f.get("fragmentation", fragmentation.get(name))
+        table.add_row(
+            name,
+            types.get(name, "?"),
+            f"{int(f['items']):,}" if "items" in f else "—",
+            f"{int(f['pages']):,}" if "pages" in f else "—",
+            human_bytes(f.get("valid_bytes")),
+            ratio(frag),
+        )
+    return table
+
+
+def _stats_table(stats: dict[str, Any]) -> Table:
+    table = _table("store", show_header=False)
+    table.add_column("figure", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    for key, label, fmt in _INFO_FIGURES:
+        value = stats.get(key)
+        text = "—" if value is None else fmt(value)
+        if key == "write_amplification" and not stats.get("user_bytes_written"):
+            text = "— (nothing written since open)"
+        table.add_row(label, text)
+    return table

@@ -1,0 +1,352 @@
+"""The import driver: source chunks -> store puts, durable progress, resume.
+
+Pipeline (two threads, bounded): a reader thread pulls chunks from the source — reading,
+parsing (pyarrow, multi-threaded) and converting to numpy/Arrow values — and hands them over
+through a queue of ``QUEUE_CHUNKS``; the calling thread writes each chunk (one ``put`` per
+feature; the engine releases the GIL, so parsing the next chunk overlaps it), calls
+``store.sync()`` and then records the chunk in the journal (:mod:`recflash.ingest.journal`).
+At most ``QUEUE_CHUNKS + 2`` chunks exist at once, so memory does not grow with the input.
+
+Keys: a ``--key`` column, or row numbers: the n-th written row of the job gets key
+``key_start + n`` (bad lines that are skipped get no key). ``key_start`` is ``--key-offset``,
+or with ``--append`` the end of the keys earlier imports wrote into this store, else 0.
+
+Rules for existing data: a new import job refuses to write into features that already hold
+items — unless ``--upsert`` (update values of keys: how feature updates arrive),
+``--append`` or an explicit ``--key-offset``. Resuming the same job (same command line) is
+always allowed and continues after the last durable chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from recflash.ingest.convert import compatible
+from recflash.ingest.errors import BadInputError, BadLine
+from recflash.ingest.journal import Journal, all_jobs, job_id
+from recflash.ingest.sources import Chunk, Source
+
+QUEUE_CHUNKS = 2
+SAMPLE_BAD_LINES = 10
+
+
+@dataclasses.dataclass
+class ImportOptions:
+    upsert: bool = False
+    append: bool = False
+    key_offset: Optional[int] = None
+    write_buffer_mb: float = 64
+    page_size: int = 16384
+    restart: bool = False
+
+
+@dataclasses.dataclass
+class ImportResult:
+    store: str
+    job: str
+    status: str  # "done", "already-done", "interrupted"
+    resumed: bool
+    features: dict[str, str]
+    rows: int = 0  # rows written by this run
+    rows_total: int = 0  # rows written by the job, all runs
+    items: int = 0  # (feature, key) items written by this run
+    input_rows: int = 0  # input lines / rows consumed by this run, bad ones included
+    input_bytes: int = 0  # uncompressed text bytes consumed by this run (text formats)
+    disk_bytes: int = 0  # on-disk input bytes consumed by this run
+    bad_lines_skipped: int = 0  # by this run
+    bad_line_sample: list[dict] = dataclasses.field(default_factory=list)
+    key_start: int = 0
+    key_end: int = 0  # one past the last row-number key of the job
+    seconds: float = 0.0  # wall time of this run, closing the store included
+    write_seconds: float = 0.0  # time in put/sync (the store), for the profile
+    close_seconds: float = 0.0
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.input_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["rows_per_s"] = self.rows_per_s
+        d["mb_per_s"] = self.mb_per_s
+        return d
+
+
+class Interrupted(Exception):
+    def __init__(self, result: ImportResult):
+        super().__init__("interrupted")
+        self.result = result
+
+
+# progress callback: (rows written so far, input bytes, disk bytes done, skipped) -> None
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def _open_store(path: str, opts: ImportOptions):
+    from recflash.reader import Store, StoreOptions
+
+    wb = int(opts.write_buffer_mb * (1 << 20))
+    return Store.open(path, StoreOptions(page_size=opts.page_size, write_buffer_bytes=wb))
+
+
+class _Reader(threading.Thread):
+    """Pulls chunks from the source into a bounded queue."""
+
+    def __init__(self, source: Source, position: Optional[dict]):
+        super().__init__(name="recflash-import-reader", daemon=True)
+        self.source = source
+        self.position = position
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for chunk in self.source.chunks(self.position):
+                if not self._put(("chunk", chunk)):
+                    return
+            self._put(("end", None))
+        except BaseException as e:  # handed to the writer thread
+            self._put(("error", e))
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self):
+        return self.q.get()
+
+
+def run_import(source: Source, store_path: str, opts: ImportOptions,
+               progress: Optional[ProgressFn] = None) -> ImportResult:
+    """Imports ``source`` into the store at ``store_path``. Raises BadInputError for wrong
+    input, :class:`Interrupted` on KeyboardInterrupt (after closing the store cleanly)."""
+    t_start = time.perf_counter()
+    schema = source.prepare()  # before the store is touched
+    if not schema:
+        raise BadInputError("nothing to import: no columns selected")
+    identity = source.identity()
+    if opts.key_offset is not None:
+        identity["key_offset"] = int(opts.key_offset)
+    identity["append"] = bool(opts.append)
+    identity["upsert"] = bool(opts.upsert)
+    job = job_id(identity)
+    if opts.append and source.key is not None:
+        raise BadInputError("--append numbers rows after the existing keys; it cannot be used with --key")
+    if opts.key_offset is not None and source.key is not None:
+        raise BadInputError("--key-offset applies to row-number keys; it cannot be used with --key")
+    if opts.key_offset is not None and opts.key_offset < 0:
+        raise BadInputError("--key-offset must be >= 0")
+
+    store = _open_store(store_path, opts)
+    closed = False
+    result = ImportResult(store=store_path, job=job, status="done", resumed=False, features=dict(schema),
+                          warnings=list(getattr(source, "warnings", [])))
+    try:
+        journal = Journal(store_path, job)
+        state = journal.load()
+        if state is not None and opts.restart:
+            journal.remove()
+            state = None
+        if state is not None and state.get("status") == "done":
+            store.close()
+            closed = True
+            result.status = "already-done"
+            result.rows_total = int(state.get("rows", 0))
+            result.key_start = int(state.get("key_start", 0))
+            result.key_end = int(state.get("next_key", 0))
+            result.seconds = time.perf_counter() - t_start
+            return result
+        existing = store.features()
+        mismatched = {n: (existing[n], t) for n, t in schema.items() if n in existing and not compatible(existing[n], t)}
+        if mismatched:
+            raise BadInputError("the store already has feature(s) of other types: " + ", ".join(
+                f"{n} is {a}, the input gives {b}" for n, (a, b) in mismatched.items()) + ". Nothing was imported.")
+        if state is not None:
+            _check_same_files(state, source)
+            result.resumed = True
+            key_start = int(state["key_start"])
+            next_key = int(state["next_key"])
+            rows_total = int(state.get("rows", 0))
+            skipped_total = int(state.get("bad_lines_skipped", 0))
+            sample = list(state.get("bad_line_sample", []))
+            position = state.get("position")
+        else:
+            key_start = _key_start(store, store_path, schema, opts, source)
+            next_key = key_start
+            rows_total = 0
+            skipped_total = 0
+            sample = []
+            position = None
+            for name, t in schema.items():
+                store.create_feature(name, t)
+            journal.save(_state(identity, source, "running", None, key_start, next_key, 0, 0, []))
+        result.key_start = key_start
+        for name, t in schema.items():  # no-op when they exist with the same type
+            store.create_feature(name, t)
+
+        reader = _Reader(source, position)
+        reader.start()
+        write_s = 0.0
+        try:
+            while True:
+                kind, item = reader.get()
+                if kind == "error":
+                    raise item
+                if kind == "end":
+                    break
+                chunk: Chunk = item
+                t0 = time.perf_counter()
+                written = _write_chunk(store, chunk, next_key)
+                store.sync()
+                write_s += time.perf_counter() - t0
+                if chunk.keys is None:
+                    next_key += chunk.n_rows
+                rows_total += chunk.n_rows
+                skipped_total += len(chunk.skipped)
+                for b in chunk.skipped:
+                    if len(sample) < SAMPLE_BAD_LINES:
+                        sample.append(b.as_dict())
+                journal.save(_state(identity, source, "running", chunk.position, key_start, next_key, rows_total,
+                                    skipped_total, sample))
+                result.rows += chunk.n_rows
+                result.items += written
+                result.input_rows += chunk.rows_read
+                result.input_bytes += chunk.input_bytes
+                result.disk_bytes = chunk.disk_done
+                result.bad_lines_skipped += len(chunk.skipped)
+                if progress is not None:
+                    progress({"rows": result.rows, "rows_total": rows_total, "input_bytes": result.input_bytes,
+                              "disk_done": chunk.disk_done, "skipped": result.bad_lines_skipped,
+                              "items": result.items})
+        except KeyboardInterrupt:
+            reader.stop.set()
+            result.status = "interrupted"
+        finally:
+            reader.stop.set()
+        result.rows_total = rows_total
+        result.key_end = next_key
+        result.bad_line_sample = sample
+        result.write_seconds = write_s
+        if result.status == "done":
+            journal.save(_state(identity, source, "done", None, key_start, next_key, rows_total, skipped_total,
+                                sample))
+        t0 = time.perf_counter()
+        store.close()  # writes the buffer into pages; every chunk was durable already
+        closed = True
+        result.close_seconds = time.perf_counter() - t0
+        result.seconds = time.perf_counter() - t_start
+        if result.status == "interrupted":
+            raise Interrupted(result)
+        return result
+    finally:
+        if not closed:
+            try:
+                store.close()
+            except Exception:
+                pass
+
+
+def _write_chunk(store, chunk: Chunk, next_key: int) -> int:
+    if chunk.n_rows == 0:
+        return 0
+    keys = chunk.keys if chunk.keys is not None else np.arange(next_key, next_key + chunk.n_rows, dtype=np.uint64)
+    written = 0
+    for name, col in chunk.columns.items():
+        k = keys if col.valid is None else keys[col.valid]
+        if len(k) == 0:
+            continue
+        store.put(name, k, col.values)
+        written += len(k)
+    return written
+
+
+def _state(identity: dict, source: Source, status: str, position: Optional[dict], key_start: int, next_key: int,
+           rows: int, skipped: int, sample: list[dict]) -> dict:
+    return {"status": status, "identity": identity, "files": source.files(), "position": position,
+            "key_start": key_start, "next_key": next_key, "rows": rows, "bad_lines_skipped": skipped,
+            "bad_line_sample": sample}
+
+
+def _check_same_files(state: dict, source: Source) -> None:
+    recorded = state.get("files") or []
+    upto = (state.get("position") or {}).get("file", 0)
+    for i, (old, new) in enumerate(zip(recorded, source.files())):
+        if i > upto:
+            break
+        if old["size"] != new["size"] or old["mtime_ns"] != new["mtime_ns"]:
+            raise BadInputError(f"{new['path']} changed since the interrupted import read it (size "
+                                f"{old['size']} -> {new['size']}, mtime changed: {old['mtime_ns'] != new['mtime_ns']}); "
+                                "run again with --restart to import from the beginning")
+
+
+def _key_start(store, store_path: str, schema: dict[str, str], opts: ImportOptions, source: Source) -> int:
+    if source.key is not None:
+        has = _features_with_items(store, schema)
+        if has and not opts.upsert:
+            raise BadInputError(f"feature(s) {', '.join(has)} already hold items; pass --upsert to update them "
+                                "by key. Nothing was imported.")
+        return 0
+    if opts.key_offset is not None:
+        return int(opts.key_offset)
+    jobs_end = max([int(j.get("next_key", 0)) for j in all_jobs(store_path)] or [0])
+    if opts.append:
+        has = _features_with_items(store, schema)
+        if has and jobs_end == 0:
+            raise BadInputError(f"--append: feature(s) {', '.join(has)} hold items that no recflash import "
+                                "wrote, so where to append is unknown; pass --key-offset N")
+        return jobs_end
+    has = _features_with_items(store, schema)
+    if has and not opts.upsert:
+        hint = f" (earlier imports end at key {jobs_end}: --append continues there)" if jobs_end else ""
+        raise BadInputError(f"feature(s) {', '.join(has[:8])}{'…' if len(has) > 8 else ''} already hold items; "
+                            f"pass --upsert to update existing keys, --append to add rows after the existing "
+                            f"ones{hint}, or --key-offset N. Nothing was imported.")
+    return 0
+
+
+def _features_with_items(store, schema: dict[str, str]) -> list[str]:
+    existing = store.features()
+    names = [n for n in schema if n in existing]
+    if not names:
+        return []
+    stats = store.stats()
+    per = stats.get("features") or {}
+    out = []
+    for n in names:
+        items = int((per.get(n) or {}).get("items", 0))
+        if items == 0:
+            # items still in the write buffer (or pinned) are not in the per-feature page counts
+            try:
+                t = store.scan(n, key_range=(0, 1 << 63))
+                items = t.num_rows
+            except Exception:
+                items = 0
+        if items:
+            out.append(n)
+    return out
+
+
+def describe_bad_lines(sample: list[dict], total: int) -> list[str]:
+    lines = [str(BadLine(**b)) for b in sample]
+    if total > len(sample):
+        lines.append(f"… and {total - len(sample)} more")
+    return lines
+
+
+__all__ = ["ImportOptions", "ImportResult", "Interrupted", "run_import", "describe_bad_lines"]

@@ -1,0 +1,100 @@
+"""The import journal: how far an import got, kept durably inside the store directory.
+
+``<store>/imports/<job id>.json``, one file per import job. The job id is a hash of what
+defines the job's output: the command, the input files (absolute paths), the options that
+change keys or values. After every chunk the importer calls ``store.sync()`` (the WAL is on
+disk) and *then* rewrites the journal (write to a temporary file, fsync, rename, fsync the
+directory). So the journal never claims rows the store might lose; rows the store holds
+beyond the journal's position (a crash between the two) are written again on resume with the
+same keys and values — puts are upserts by key, so nothing is duplicated.
+
+The journal also records each input file's identity (path, size, mtime): a resumed import
+refuses files that changed since, unless ``--restart``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Any, Optional
+
+JOURNAL_DIR = "imports"
+VERSION = 1
+
+
+def job_id(identity: dict) -> str:
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def file_identity(path: str) -> dict:
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    def __init__(self, store_path: str, job: str):
+        self.dir = os.path.join(store_path, JOURNAL_DIR)
+        self.path = os.path.join(self.dir, f"{job}.json")
+        self.job = job
+
+    def load(self) -> Optional[dict]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"the import journal {self.path} is unreadable ({e}); remove it or use --restart") from e
+        if state.get("version") != VERSION:
+            raise RuntimeError(f"the import journal {self.path} has version {state.get('version')}; "
+                               f"this recflash writes version {VERSION} (use --restart)")
+        return state
+
+    def save(self, state: dict[str, Any]) -> None:
+        state = dict(state, version=VERSION, job=self.job, updated=time.time())
+        created = not os.path.isdir(self.dir)
+        os.makedirs(self.dir, exist_ok=True)
+        if created:
+            _fsync_dir(os.path.dirname(self.dir))
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        _fsync_dir(self.dir)
+
+    def remove(self) -> None:
+        try:
+            os.remove(self.path)
+            _fsync_dir(self.dir)
+        except FileNotFoundError:
+            pass
+
+
+def all_jobs(store_path: str) -> list[dict]:
+    """Every journal in the store (running and done)."""
+    d = os.path.join(store_path, JOURNAL_DIR)
+    out = []
+    if not os.path.isdir(d):
+        return out
+    for name in sorted(os.listdir(d)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(d, name), encoding="utf-8") as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return out

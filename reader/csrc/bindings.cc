@@ -127,11 +127,15 @@ py::tuple RunSls(Store* store, ndp::SlsEngine* engine, const py::list& requests)
   return py::make_tuple(pr.outs, d);
 }
 
+// Sets `field` from options[key] when present (options dicts come from Python dataclasses).
+template <typename T>
+void GetOpt(const py::dict& options, const char* key, T& field) {
+  if (options.contains(key)) field = options[key].cast<T>();
+}
+
 StoreOptions OptionsFromDict(const py::dict& d) {
   StoreOptions o;
-  auto get = [&](const char* k, auto& field) {
-    if (d.contains(k)) field = d[k].cast<std::decay_t<decltype(field)>>();
-  };
+  auto get = [&](const char* k, auto& field) { GetOpt(d, k, field); };
   get("page_size", o.page_size);
   get("write_buffer_bytes", o.write_buffer_bytes);
   get("direct_io", o.direct_io);
@@ -341,9 +345,7 @@ class PySlsEngine {
   PySlsEngine(py::object store, const py::dict& opts) : store_obj_(store) {
     store_ = store.cast<PyStore&>().store();
     ndp::SlsOptions o;
-    auto get = [&](const char* k, auto& field) {
-      if (opts.contains(k)) field = opts[k].cast<std::decay_t<decltype(field)>>();
-    };
+    auto get = [&](const char* k, auto& field) { GetOpt(opts, k, field); };
     get("vector_grained", o.vector_grained);
     get("row_cache_bytes", o.row_cache_bytes);
     get("hot_rows_bytes", o.hot_rows_bytes);

@@ -1,0 +1,146 @@
+"""Shared helpers of the compaction benchmark: O_DIRECT file I/O from aligned buffers,
+checksums, building the C++ harnesses, dropping the OS page cache."""
+from __future__ import annotations
+
+import mmap
+import os
+import resource
+import shutil
+import subprocess
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH_DIR = os.path.dirname(HERE)
+REPO = os.path.dirname(BENCH_DIR)
+CSRC = os.path.join(BENCH_DIR, "csrc")
+BUILD_DIR = os.path.join(REPO, "build", "compaction-bench")
+
+#: checksum of an item: key * MIX + (first 8 value bytes as little-endian u64), summed mod 2^64
+MIX = np.uint64(0x9E3779B97F4A7C15)
+
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def item_checksums(keys: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """Per-item checksum terms (uint64, wrapping): keys uint64[n], vals uint8[n, V>=8]."""
+    v0 = np.ascontiguousarray(vals[:, :8]).view(np.uint64).reshape(-1)
+    with np.errstate(over="ignore"):
+        return keys.astype(np.uint64, copy=False) * MIX + v0
+
+
+def checksum(keys: np.ndarray, vals: np.ndarray) -> int:
+    if len(keys) == 0:
+        return 0
+    return int(np.add.reduce(item_checksums(keys, vals), dtype=np.uint64))
+
+
+class AlignedBuffer:
+    """A growable page-aligned buffer (anonymous mmap) usable for O_DIRECT."""
+
+    def __init__(self, nbytes: int = 1 << 20):
+        self._mm = None
+        self.size = 0
+        self.ensure(nbytes)
+
+    def ensure(self, nbytes: int) -> None:
+        nbytes = max(4096, -(-nbytes // 4096) * 4096)
+        if nbytes <= self.size:
+            return
+        if self._mm is not None:
+            self._mm.close()
+        self.size = max(nbytes, self.size * 2)
+        self._mm = mmap.mmap(-1, self.size)
+
+    def array(self, nbytes: int) -> np.ndarray:
+        """uint8 view of the first nbytes (valid until the next ensure())."""
+        self.ensure(nbytes)
+        return np.frombuffer(self._mm, dtype=np.uint8, count=nbytes)
+
+    def view(self, nbytes: int) -> memoryview:
+        return memoryview(self._mm)[:nbytes]
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+
+def write_direct(path: str, buf: AlignedBuffer, nbytes: int, offset: int = 0, create: bool = True,
+                 sync: bool = True) -> None:
+    """Writes buf[:nbytes] to path at offset with O_DIRECT (nbytes a multiple of 4096)."""
+    flags = os.O_WRONLY | O_DIRECT | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        mv = buf.view(nbytes)
+        done = 0
+        while done < nbytes:
+            n = os.pwrite(fd, mv[done:], offset + done)
+            if n <= 0:
+                raise OSError(f"short O_DIRECT write to {path}")
+            done += n
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_direct(path: str, buf: AlignedBuffer, nbytes: int, offset: int = 0) -> np.ndarray:
+    """Reads nbytes at offset with O_DIRECT into buf; returns the uint8 view."""
+    arr = buf.array(nbytes)
+    fd = os.open(path, os.O_RDONLY | O_DIRECT)
+    try:
+        mv = buf.view(nbytes)
+        done = 0
+        while done < nbytes:
+            n = os.preadv(fd, [mv[done:]], offset + done)
+            if n <= 0:
+                raise OSError(f"short O_DIRECT read from {path} at {offset + done}")
+            done += n
+    finally:
+        os.close(fd)
+    return arr
+
+
+def drop_caches() -> bool:
+    """sync + drop the OS page cache (root only). Returns whether it worked."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def build_harness(name: str, libs: list[str]) -> str:
+    """Compiles benchmarks/csrc/<name>.cc into build/compaction-bench/<name> when missing or
+    older than its source; returns the binary path."""
+    src = os.path.join(CSRC, name + ".cc")
+    out = os.path.join(BUILD_DIR, name)
+    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(src):
+        return out
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    gxx = shutil.which("g++") or "g++"
+    cmd = [gxx, "-O2", "-std=c++20", "-o", out + ".tmp", src] + libs
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building {name} failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+    os.replace(out + ".tmp", out)
+    log(f"built {out} in {time.perf_counter() - t:.1f}s")
+    return out
+
+
+def maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    import sys
+
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)

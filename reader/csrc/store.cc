@@ -1939,7 +1939,6 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
     for (const auto& [p, i] : by_page)
       if (pids.empty() || pids.back() != p) pids.push_back(p);
     std::vector<uint64_t> keys;
-    size_t cursor = 0;
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
     RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
@@ -1950,7 +1949,8 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
       sv.width = w;
       keys.resize(sv.count);
       sv.DecodeKeys(keys.data());
-      while (cursor < by_page.size() && by_page[cursor].first < pid) cursor++;
+      // Pages complete in any order (io_uring), so find this page's rows by search.
+      size_t cursor = std::lower_bound(by_page.begin(), by_page.end(), std::make_pair(pid, 0u)) - by_page.begin();
       for (; cursor < by_page.size() && by_page[cursor].first == pid; cursor++) {
         const uint32_t i = by_page[cursor].second;
         auto f = std::lower_bound(keys.begin(), keys.end(), ids[i]);

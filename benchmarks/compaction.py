@@ -4,26 +4,36 @@
         [--features F] [--item-bytes B] [--updates U | --update-factor X]
         [--update-dist uniform|zipf] [--write-buffer-frac 0.025] [--page-size B]
         [--mode io|accounting] [--json OUT] [--plot OUT.png]
-        [--keys sparse|dense] [--strategies LIST] [--sweep LIST] [--reads R] [--workdir DIR]
+        [--keys sparse|dense] [--strategies LIST] [--sweep LIST] [--reads R] [--read-rounds K]
+        [--sensitivity] [--workdir DIR] [--replot JSON]
 
 Every strategy runs the same workload (benchmarks/baselines/workload.py): F features of
 lognormal sizes, N items of `item_bytes` (8-byte key + value), each feature loaded in one
 batch; then U updates of existing items (uniform or Zipf) in batches, through a write buffer
 of write_buffer_frac x the dataset bytes for every strategy; then feature reads — every
 feature once, then Zipf-weighted repeated reads — all real O_DIRECT reads of this disk, the
-OS page cache dropped before each read phase.
+OS page cache dropped before each strategy's reads.
+
+io mode runs in two phases. Build: each strategy in turn loads the data and applies the updates
+(timed: update_time_s) and stays on disk. Reads: the read sequence is cut into --read-rounds
+slices; each round gives every strategy the same slice, in rotated order, so bursts of other
+users' I/O on this shared disk spread over all strategies instead of skewing one of them.
 
 Strategies (rows of the JSON, `config` = "default" for each strategy's default):
-  reader             recflash.reader.Store, default StoreOptions (+ page size, write buffer)
-  reader (sweep)     merge_threshold in --sweep (and merge_low_benefit_frac at the
-                     read-optimised end), config names the setting
+  reader             recflash.reader.Store, the installed engine's default StoreOptions (+ page
+                     size, write buffer); defaults are read from the engine, never hard-coded
+  reader (sweep)     --sweep: merge_threshold values, the read-optimised end with
+                     merge_low_benefit_frac varied, and `compact()` after the updates; `config`
+                     names the setting
   reader-nopin       pinner_enabled=False        reader-nomerge   merger_enabled=False
   lsm                the paper's LSM strategy (benchmarks/baselines/lsm.py)
   rocksdb            real RocksDB 7.8, leveled; rocksdb-universal: universal compaction
-                     (benchmarks/csrc/rocksdb_bench.cc)
+                     (benchmarks/csrc/rocksdb_bench.cc, compiled on first use into build/)
   opt                read-optimal, in-place RMW: config "default" = one page written per
-                     updated item (counted); "batched-rmw" = one write per dirty page per
-                     buffer flush (executed) (benchmarks/baselines/opt.py)
+                     updated item (counted); "batched-rmw" = one write per dirty page per buffer
+                     flush (executed) (benchmarks/baselines/opt.py)
+lsm and opt read through benchmarks/csrc/page_reader.cc (io_uring, O_DIRECT, QD 32, requests
+of <= 256 KiB like the engine's).
 
 Metrics per row: read_time_s (sum over the feature reads of the wall time to deliver the
 feature's valid items, keys ascending), read_throughput_MBps (useful bytes / read time,
@@ -34,18 +44,22 @@ WALs excluded — / (updates x item_bytes)), extra_writes_per_update (update_amp
 item-sized writes beyond the item itself, the paper's Fig. 6c metric; item size in
 item_bytes), space_amplification (bytes on the device / live item bytes),
 metadata_bytes_per_item (DRAM metadata / items), update_time_s (wall time of the update
-phase including the final flush and any merging/compaction it triggers).
+phase including the final flush and any merging/compaction it triggers). Diagnostics per row:
+read_cpu_s, read_io_time_s (lsm/opt), read_engine_time_s (reader), read_breakdown (by feature
+size), pages_read_vs_ideal, verify_errors (every read is checked against the expected
+contents), the engines' own counters.
 
---mode accounting counts pages and bytes without I/O for lsm and opt (the paper's sizes);
-READER has no accounting mode (it needs engine support): its rows appear in io mode only.
---dataset accepts a comma list in accounting mode (each size in its own process, with its
-time and peak memory).
+--mode accounting counts pages and bytes without I/O: lsm and opt are numpy simulations of the
+same policies; READER uses the engine's own accounting mode (StoreOptions.accounting) when the
+installed engine has it. --dataset accepts a comma list in accounting mode (each size in its
+own process, with its time and peak memory). --sensitivity (accounting) varies the update
+volume (0.25, 2, 10 x N) and the write buffer (1, 1/2, 1/4, 1/8 x, the paper's Fig. 7).
 
 Targets (printed pass/fail, never loosened), READER default, uniform updates, io mode:
   read time <= 0.62 x lsm; read amplification and read time <= rocksdb (leveled);
   update amplification <= rocksdb / 5; every READER sweep point dominates a RocksDB point
   (<= in read time and update amplification); READER's read-optimised end >= 0.95 x opt
-  read throughput.
+  read throughput. A failed target carries the evidence (bytes, CPU, engine counters).
 """
 from __future__ import annotations
 
@@ -801,10 +815,6 @@ def add_relative(runs: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------- plots
 
-def _label(r):
-    return r["strategy"] if r["config"] == "default" else f"{r['strategy']}\n{r['config']}"
-
-
 def plot_fig6(doc: dict, path: str) -> None:
     import matplotlib
 
@@ -880,8 +890,12 @@ def plot_frontier(doc: dict, path: str) -> None:
         sub = [r for r in runs if r["update_dist"] == dist and r["dataset"] == ds]
         for ci, (field, title) in enumerate(fields):
             ax = axes[ri][ci]
-            sweep = sorted([r for r in sub if r["strategy"] == "reader" and r.get(field) is not None],
-                           key=lambda r: r["update_amplification"])
+            sweep = sorted([r for r in sub if r["strategy"] == "reader" and r.get(field) is not None
+                            and r["config"] != COMPACT], key=lambda r: r["update_amplification"])
+            comp = [r for r in sub if r["strategy"] == "reader" and r["config"] == COMPACT and r.get(field) is not None]
+            if comp:
+                ax.scatter([r["update_amplification"] for r in comp], [r[field] for r in comp], marker="D", s=70,
+                           color="#1f77b4", label="READER default + compact() before reads")
             if sweep:
                 ax.plot([r["update_amplification"] for r in sweep], [r[field] for r in sweep], "o-",
                         color="#1f77b4", label="READER (merge_threshold sweep)")
@@ -953,6 +967,8 @@ def parse_args(argv):
     ap.add_argument("--no-device", action="store_true", help="skip the fio device measurement")
     ap.add_argument("--no-drop-caches", action="store_true")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--replot", default=None, metavar="JSON",
+                    help="only redraw the plots of an existing result file (--plot / --plot-frontier or next to it)")
     return ap.parse_args(argv)
 
 
@@ -1241,6 +1257,15 @@ def plot_sensitivity(doc: dict, path: str) -> None:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            doc = json.load(f)
+        fig6 = args.plot or os.path.splitext(args.replot)[0] + "_fig6.png"
+        plot_fig6(doc, fig6)
+        plot_frontier(doc, args.plot_frontier or fig6.replace("fig6", "frontier"))
+        if doc.get("sensitivity_runs"):
+            plot_sensitivity(doc, os.path.splitext(args.replot)[0] + "_sensitivity.png")
+        return 0
     if args.mode == "accounting" and args.dataset and "," in args.dataset:
         return run_accounting_multi(args, argv)
     if args.dataset and args.dataset not in DATASETS:
@@ -1352,7 +1377,8 @@ def main(argv=None) -> int:
             plot_frontier(doc, frontier)
             doc["plots"] = {"fig6": fig6, "frontier": frontier}
             if doc.get("sensitivity_runs"):
-                sens = os.path.splitext(out_json)[0] + "_sensitivity.png"
+                base = os.path.splitext(out_json)[0]
+                sens = base + ".png" if base.endswith("sensitivity") else base + "_sensitivity.png"
                 plot_sensitivity(doc, sens)
                 doc["plots"]["sensitivity"] = sens
         save()

@@ -138,6 +138,99 @@ def to_jsonable(o):
     return repr(o)
 
 
+def machine_load() -> dict:
+    """Load average and pressure-stall figures: the machine is shared, and other jobs on its
+    2 CPUs and one disk change scan timings several-fold. Recorded next to every scan pass."""
+    out: dict = {"t": time.time()}
+    try:
+        with open("/proc/loadavg") as f:
+            out["loadavg_1m"] = float(f.read().split()[0])
+    except (OSError, ValueError):
+        pass
+    for res in ("cpu", "io"):
+        try:
+            with open(f"/proc/pressure/{res}") as f:
+                for line in f:
+                    kind, *fields = line.split()
+                    kv = dict(x.split("=") for x in fields)
+                    out[f"{res}_{kind}_avg10"] = float(kv["avg10"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return out
+
+
+def _block_device_name(path: str) -> str | None:
+    """Kernel name (as in /proc/diskstats) of the whole disk holding `path`."""
+    try:
+        st = os.stat(path)
+        sysdev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        if os.path.exists(os.path.join(sysdev, "partition")):
+            sysdev = os.path.dirname(sysdev)
+        return os.path.basename(sysdev)
+    except OSError:
+        return None
+
+
+class Activity:
+    """What the whole machine did between two snapshots, minus this process: disk bytes
+    (from /proc/diskstats of the store's disk) and CPU seconds (/proc/stat). The machine is
+    shared; another job reading the disk or taking a CPU during a scan pass distorts it."""
+
+    def __init__(self, path: str):
+        self.dev = _block_device_name(path)
+        self.tck = os.sysconf("SC_CLK_TCK")
+
+    def snap(self) -> dict:
+        out = {"t": time.perf_counter(), "proc_cpu": sum(os.times()[:2])}
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+            out["sys_busy_cpu"] = (sum(v) - v[3] - (v[4] if len(v) > 4 else 0)) / self.tck
+        except (OSError, ValueError):
+            pass
+        try:
+            with open(f"/proc/self/io") as f:
+                io = dict(line.split(": ") for line in f.read().splitlines())
+            out["proc_disk"] = int(io["read_bytes"]) + int(io["write_bytes"])
+        except (OSError, ValueError, KeyError):
+            pass
+        try:
+            with open("/proc/diskstats") as f:
+                for line in f:
+                    x = line.split()
+                    if len(x) > 9 and x[2] == self.dev:
+                        out["sys_disk"] = (int(x[5]) + int(x[9])) * 512
+        except (OSError, ValueError):
+            pass
+        return out
+
+    @staticmethod
+    def delta(a: dict, b: dict, own_direct_bytes: int) -> dict:
+        """Other processes' activity between snapshots a and b. O_DIRECT reads through
+        io_uring are not always charged to /proc/self/io, so the engine's own bytes_read
+        over the window (own_direct_bytes) is subtracted instead when larger."""
+        secs = b["t"] - a["t"]
+        out = {"seconds": secs}
+        if "sys_busy_cpu" in a and "sys_busy_cpu" in b:
+            other = (b["sys_busy_cpu"] - a["sys_busy_cpu"]) - (b["proc_cpu"] - a["proc_cpu"])
+            out["other_cpu_seconds"] = max(0.0, other)
+            out["other_cpu_cores"] = max(0.0, other) / secs if secs > 0 else None
+        if "sys_disk" in a and "sys_disk" in b:
+            own = max(b.get("proc_disk", 0) - a.get("proc_disk", 0), own_direct_bytes)
+            other = (b["sys_disk"] - a["sys_disk"]) - own
+            out["disk_bytes_total"] = b["sys_disk"] - a["sys_disk"]
+            out["other_disk_bytes"] = max(0, other)
+            out["other_disk_MBps"] = max(0, other) / secs / 1e6 if secs > 0 else None
+        return out
+
+    @staticmethod
+    def busy(d: dict, own_bytes: int):
+        if d["seconds"] < 0.5:  # /proc/stat ticks are 10 ms: too coarse to judge
+            return None
+        return ((d.get("other_cpu_cores") or 0.0) > 0.3
+                or (d.get("other_disk_bytes") or 0) > 0.10 * max(own_bytes, 1))
+
+
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -303,6 +396,8 @@ def main(argv=None) -> int:
                         transient=False)
 
     timings = {}
+    load = {"start": machine_load()}
+    contention: dict = {}
     results: dict = {}
     device: dict = {}
     store = None
@@ -394,6 +489,10 @@ def main(argv=None) -> int:
                                  f"{sorted(set(names) - set(feats_now))[:5]}, extra "
                                  f"{sorted(set(feats_now) - set(names))[:5]}")
         stats_before_scan = store.stats()
+        load["before_pass1"] = machine_load()
+        act = Activity(store_path)
+        os.sync()  # our own dirty pages must not be written back during the timed pass
+        act_a = act.snap()
 
         # --- pass 1: every feature, one thread, smallest first
         order = np.argsort(sizes, kind="stable")
@@ -437,6 +536,10 @@ def main(argv=None) -> int:
                 per.append(rec)
                 prog.advance(task)
         timings["scan1_s"] = time.perf_counter() - t0
+        act_b = act.snap()
+        own1 = sum(r["bytes_read"] for r in per)
+        contention = {"pass1": dict(Activity.delta(act_a, act_b, own1), own_bytes_read=own1)}
+        contention["pass1"]["busy"] = Activity.busy(contention["pass1"], own1)
         stats_after_scan = store.stats()
 
         # --- pass 2: the same scans from `threads` threads in parallel
@@ -491,6 +594,9 @@ def main(argv=None) -> int:
         store.close()
         store = Store.open(store_path, StoreOptions(**opt_kwargs))
         per3 = []
+        load["before_pass3"] = machine_load()
+        os.sync()
+        act_a = act.snap()
         t0 = time.perf_counter()
         with progress() as prog:
             task = prog.add_task("scan pass 3 (compacted features)", total=len(big))
@@ -514,6 +620,10 @@ def main(argv=None) -> int:
                 del tb
                 prog.advance(task)
         timings["scan3_s"] = time.perf_counter() - t0
+        act_b = act.snap()
+        own3 = sum(r["bytes_read"] for r in per3)
+        contention["pass3"] = dict(Activity.delta(act_a, act_b, own3), own_bytes_read=own3)
+        contention["pass3"]["busy"] = Activity.busy(contention["pass3"], own3)
         stats_final = store.stats()
 
         # --- close
@@ -566,7 +676,8 @@ def main(argv=None) -> int:
             out["read_amplification_max"] = max(ras) if ras else None
             return out
 
-        feat_stats = (stats_final.get("features") or {}) if isinstance(stats_final, dict) else {}
+        # per-feature layout as pass 1 saw it (stats_final is after compact())
+        feat_stats = (stats_after_scan.get("features") or {}) if isinstance(stats_after_scan, dict) else {}
         for r in per:
             r["useful_MBps"] = r["useful_bytes"] / r["wall_seconds"] / 1e6 if r["wall_seconds"] > 0 else None
             r["useful_MBps_engine"] = (r["useful_bytes"] / r["engine_seconds"] / 1e6
@@ -709,6 +820,14 @@ def main(argv=None) -> int:
             console.print(f"kept store at {store_path}")
 
     timings["total_s"] = time.perf_counter() - t_run0
+    load["end"] = machine_load()
+    busy = [k for k, v in contention.items() if v.get("busy")]
+    results["machine_load"] = dict(load, nproc=os.cpu_count(), note="loadavg and PSI include this "
+                                   "benchmark's own work; see 'contention' for other processes only")
+    results["contention"] = dict(contention, busy_during=busy, note=(
+        "activity of OTHER processes during the timed scan passes (pass1: after the updates, "
+        "pass3: merged/compacted); busy = other processes used > 0.3 CPU cores or moved > 10 % "
+        "as many disk bytes as the scans read. Busy passes' timings are not representative."))
     doc = {"device": device, "config": config, "results": results, "targets": targets}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
     with open(args.json, "w") as f:
@@ -762,6 +881,15 @@ def main(argv=None) -> int:
         console.print(f"[red]{len(errors) + len(par_err)} content errors; first: "
                       f"{(errors + par_err)[0]}[/red]")
 
+    for k, v in contention.items():
+        colour = "yellow" if v.get("busy") else "dim"
+        if v.get("busy") is None:
+            console.print(f"[dim]scan {k}: {v['seconds']:.3f} s, too short to judge other processes' load[/dim]")
+            continue
+        console.print(f"[{colour}]other processes during scan {k}: "
+                      f"{v.get('other_cpu_cores') or 0:.2f} CPU cores, "
+                      f"{(v.get('other_disk_MBps') or 0):.0f} MB/s disk"
+                      + (" — BUSY: timings not representative" if v.get("busy") else "") + f"[/{colour}]")
     if args.plot:
         plot(doc, args.plot, args.merged_min_pages)
         console.print(f"plot: {args.plot}")

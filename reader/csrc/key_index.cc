@@ -33,6 +33,26 @@ int64_t KeyIndex::FindFrom(uint64_t key, size_t* hint) const {
   return it - keys_.begin();
 }
 
+void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, std::vector<uint64_t>* keys, std::vector<uint32_t>* locs) const {
+  size_t a, z;
+  if (dense_) {
+    const uint64_t n = locs_.size();
+    a = lo <= base_ ? 0 : std::min<uint64_t>(lo - base_, n);
+    z = hi == UINT64_MAX ? n : (hi <= base_ ? 0 : std::min<uint64_t>(hi - base_, n));
+  } else {
+    a = std::lower_bound(keys_.begin(), keys_.end(), lo) - keys_.begin();
+    z = hi == UINT64_MAX ? keys_.size() : std::lower_bound(keys_.begin(), keys_.end(), hi) - keys_.begin();
+  }
+  if (z < a) z = a;
+  keys->resize(z - a);
+  if (dense_) {
+    for (size_t i = a; i < z; i++) (*keys)[i - a] = base_ + i;
+  } else if (z > a) {
+    std::memcpy(keys->data(), keys_.data() + a, (z - a) * sizeof(uint64_t));
+  }
+  locs->assign(locs_.begin() + a, locs_.begin() + z);
+}
+
 void KeyIndex::Materialize() {
   if (!dense_) return;
   keys_.resize(locs_.size());

@@ -33,6 +33,9 @@ class KeyIndex {
   // Inserts keys that are not present yet (ascending, unique).
   void InsertNew(const std::vector<uint64_t>& keys, const std::vector<uint32_t>& locs,
                  const std::vector<uint32_t>& lens);
+  // Copies the entries with lo <= key < hi (hi == UINT64_MAX: no upper bound), keys
+  // ascending: a reader's private snapshot of where each key's current version lives.
+  void CopyRange(uint64_t lo, uint64_t hi, std::vector<uint64_t>* keys, std::vector<uint32_t>* locs) const;
   // Removes the entries whose positions are listed (ascending).
   void Erase(const std::vector<size_t>& positions);
   // Checkpoint form (clean shutdown): appended to / parsed from a byte string.

@@ -892,6 +892,7 @@ Status Store::FlushLocked(bool force) {
     for (uint32_t fid : write_fids) buffer_.find(fid)->Clear();
     for (uint32_t fid : pinned) buffer_.find(fid)->pinned_flushes++;
     current_ = v;
+    index_ahead_ = false;
     for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
   }
   std::vector<uint64_t> numbers;
@@ -1032,6 +1033,7 @@ void Store::UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<u
   std::vector<uint64_t> new_keys;
   std::vector<uint32_t> new_locs, new_lens;
   std::lock_guard<std::mutex> index_lock(mu_);  // get() reads the key index under mu_
+  index_ahead_ = true;                          // until the caller installs the new version
   for (size_t r = 0; r < recs.size(); r++) {
     const Rec& x = recs[r];
     FeatureState* f = features_.Get(x.fid);
@@ -1265,6 +1267,7 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   uint64_t pw = 0;
   RF_RETURN_IF_ERROR(WriteRecordsLocked(recs, &dirty, &freed, &pw));
   std::unique_lock<std::mutex> index_lock(mu_);
+  index_ahead_ = true;
   for (auto& [fid, positions] : drop) {
     FeatureState* f = features_.Get(fid);
     std::sort(positions.begin(), positions.end());
@@ -1277,6 +1280,7 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
     auto v = BuildVersion(current_->number + 1);
     std::lock_guard<std::mutex> l(mu_);
     current_ = v;
+    index_ahead_ = false;
     for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
   }
   if (merge) {
@@ -1297,6 +1301,39 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
 
 // ---------------------------------------------------------------------------------------
 // Read path
+
+namespace {
+
+// Page id -> position in a feature's page list: open addressing, a few ns per lookup
+// whatever the page ids (a flat table over the id range could be megabytes for a
+// three-page feature of a large store).
+class ChunkOfPage {
+ public:
+  explicit ChunkOfPage(const std::vector<PageRef>& refs) {
+    size_t cap = 16;
+    while (cap < 2 * refs.size()) cap <<= 1;
+    mask_ = cap - 1;
+    slots_.assign(cap, {UINT32_MAX, -1});
+    for (size_t j = 0; j < refs.size(); j++) {
+      size_t h = Hash(refs[j].page);
+      while (slots_[h].first != UINT32_MAX) h = (h + 1) & mask_;
+      slots_[h] = {refs[j].page, static_cast<int32_t>(j)};
+    }
+  }
+  int32_t Find(uint32_t page) const {
+    for (size_t h = Hash(page);; h = (h + 1) & mask_) {
+      if (slots_[h].first == page) return slots_[h].second;
+      if (slots_[h].first == UINT32_MAX) return -1;
+    }
+  }
+
+ private:
+  size_t Hash(uint32_t page) const { return (page * 0x9E3779B1u) & mask_; }
+  size_t mask_;
+  std::vector<std::pair<uint32_t, int32_t>> slots_;
+};
+
+}  // namespace
 
 Status Store::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn) {
   const uint32_t ps = o_.page_size;
@@ -1339,13 +1376,31 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   out->assign(nf, ColumnData());
   std::vector<BufferedItems> buf(nf);
   std::shared_ptr<const Version> v;
+  // Sparse-key features whose pages overlap (after updates) are resolved through a private
+  // copy of their key index: it names the page of every key's current version, so the
+  // output is one pass in key order with a cursor per page — no comparisons between pages.
+  // The copy is taken with the version under mu_ so both describe the same state.
+  std::vector<std::vector<uint64_t>> ikeys(nf);
+  std::vector<std::vector<uint32_t>> ilocs(nf);
+  std::vector<uint8_t> indexed(nf, 0);
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
     v = current_;
     readers_.insert(v->number);
-    for (size_t i = 0; i < nf; i++)
+    for (size_t i = 0; i < nf; i++) {
       if (FeatureBuffer* fb = buffer_.find(defs[i].id)) fb->CopyRange(lo, hi, &buf[i]);
+      if (index_ahead_ || o_.accounting || defs[i].id >= v->features.size() || !v->features[defs[i].id]) continue;
+      const FeatureState* f = features_.Get(defs[i].id);
+      if (!f || f->index.dense()) continue;  // dense keys: the scatter below is as fast
+      const auto& rs = *v->features[defs[i].id];
+      bool overlapping = false;
+      for (size_t j = 0; j < rs.size() && !overlapping; j++)
+        overlapping = rs[j].valid != rs[j].count || rs[j].tombs || (j > 0 && rs[j - 1].max_key >= rs[j].min_key);
+      if (!overlapping) continue;  // direct placement or a plain concatenation
+      f->index.CopyRange(lo, hi, &ikeys[i], &ilocs[i]);
+      indexed[i] = 1;
+    }
   }
   ReaderGuard guard(this, v->number);
   const uint32_t ps = o_.page_size;
@@ -1401,7 +1456,6 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
     (*out)[i].keys.resize(total);
     (*out)[i].values.resize(total * defs[i].fixed_width());
   }
-  std::vector<uint64_t> tmp;
   double encoded = 0;
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     for (const auto& [i, j] : users[pid]) {
@@ -1428,15 +1482,17 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
                     static_cast<size_t>(z - a) * sv.width);
         continue;
       }
-      tmp.resize(sv.count);
-      sv.DecodeKeys(tmp.data());
-      const size_t a = std::lower_bound(tmp.begin(), tmp.end(), lo) - tmp.begin();
-      const size_t z = upper(tmp.data(), tmp.data() + tmp.size()) - tmp.data();
       Chunk& c = chunks[i][j];
+      c.keys.resize(sv.count);  // decoded in place; trimmed to [lo, hi) when partial
+      sv.DecodeKeys(c.keys.data());
+      const size_t a = sv.min_key < lo ? std::lower_bound(c.keys.begin(), c.keys.end(), lo) - c.keys.begin() : 0;
+      const size_t z = !to_end && sv.max_key >= hi ? upper(c.keys.data(), c.keys.data() + sv.count) - c.keys.data()
+                                                   : sv.count;
       c.seq = pv.seq();
       c.enc = sv.bytes_per_record();
       c.clean = refs[i][j].valid == refs[i][j].count && !sv.tomb;
-      c.keys.assign(tmp.begin() + a, tmp.begin() + z);
+      if (z < sv.count) c.keys.resize(z);
+      if (a > 0) c.keys.erase(c.keys.begin(), c.keys.begin() + a);
       if (sv.tomb) {
         c.tomb.resize(z - a);
         for (size_t r = a; r < z; r++) c.tomb[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
@@ -1569,6 +1625,103 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
         }
       }
     };
+    // Index-guided merge: walk the index copy in key order; each key's record is the next
+    // record of its page's chunk at or after that chunk's cursor (stale records are skipped
+    // on the way). Any disagreement between index and pages falls back to the k-way merge.
+    if (indexed[i]) {
+      const uint64_t useful0 = useful;
+      const double encoded0 = encoded;
+      const auto& ik = ikeys[i];
+      const auto& il = ilocs[i];
+      const ChunkOfPage chunk_of(refs[i]);
+      std::vector<uint32_t> cur(cs.size(), 0);
+      const size_t nb = b.size();
+      bool ok = true;
+      if (w) {
+        // Output sized for the worst case up front, written through raw pointers.
+        col.keys.resize(ik.size() + nb);
+        col.values.resize((ik.size() + nb) * static_cast<size_t>(w));
+        uint64_t* kp = col.keys.data();
+        uint8_t* vp = col.values.data();
+        size_t o = 0, from_disk = 0;
+        auto put = [&](uint64_t key, const uint8_t* val) {
+          kp[o] = key;
+          if (w == 8) std::memcpy(vp + o * 8, val, 8);
+          else if (w == 4) std::memcpy(vp + o * 4, val, 4);
+          else std::memcpy(vp + o * w, val, w);
+          o++;
+        };
+        auto put_buf = [&](size_t e) {
+          if (!b.tomb[e]) put(b.keys[e], b.value(e));
+        };
+        for (size_t e = 0; e < ik.size(); e++) {
+          const uint64_t key = ik[e];
+          while (k < nb && b.keys[k] < key) put_buf(k++);
+          if (k < nb && b.keys[k] == key) {
+            put_buf(k++);  // the buffered write is newer
+            continue;
+          }
+          const uint32_t loc = il[e];
+          if (loc & KeyIndex::kTomb) continue;
+          const int32_t cj = chunk_of.Find(loc);
+          if (cj < 0) { ok = false; break; }
+          const uint32_t c = static_cast<uint32_t>(cj);
+          const Chunk& ch = cs[c];
+          const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
+          uint32_t r = cur[c];
+          while (r < cn && ch.keys[r] < key) r++;
+          if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) { ok = false; break; }
+          cur[c] = r + 1;
+          encoded += ch.enc;
+          from_disk++;
+          put(key, ch.vals.data() + static_cast<size_t>(r) * w);
+        }
+        if (ok) {
+          while (k < nb) put_buf(k++);
+          useful += from_disk * ItemBytes(w);
+          col.keys.resize(o);
+          col.values.resize(o * static_cast<size_t>(w));
+        }
+      } else {
+        col.keys.reserve(ik.size() + nb);
+        for (size_t e = 0; e < ik.size() && ok; e++) {
+          const uint64_t key = ik[e];
+          while (k < nb && b.keys[k] < key) emit_buf(k++);
+          if (k < nb && b.keys[k] == key) {
+            emit_buf(k++);
+            continue;
+          }
+          const uint32_t loc = il[e];
+          if (loc & KeyIndex::kTomb) continue;
+          const int32_t cj = chunk_of.Find(loc);
+          if (cj < 0) { ok = false; break; }
+          const uint32_t c = static_cast<uint32_t>(cj);
+          const Chunk& ch = cs[c];
+          const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
+          uint32_t r = cur[c];
+          while (r < cn && ch.keys[r] < key) r++;
+          if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) { ok = false; break; }
+          cur[c] = r + 1;
+          copy_disk(c, r, r + 1);
+        }
+        if (ok)
+          while (k < nb) emit_buf(k++);
+      }
+      if (ok) {
+        order.clear();  // resolved: skip the merges below
+        index_merges_++;
+      } else {
+        index_merge_fallbacks_++;
+        useful = useful0;
+        encoded = encoded0;
+        col.keys.clear();
+        col.values.clear();
+        col.offsets.clear();
+        if (!w) col.offsets.push_back(0);
+        out_bytes = 0;
+        k = 0;
+      }
+    }
     // K-way merge of the chunks by (key, newest seq first), emitting maximal runs of one
     // chunk at a time: a run extends while its keys stay below every other chunk's next key,
     // so non-overlapping pages cost one bulk copy each and only interleaved stretches pay
@@ -2050,6 +2203,8 @@ std::string Store::StatsJson() {
   j.KV("bytes_read", static_cast<double>(bytes_read_));
   j.KV("useful_bytes_read", static_cast<double>(useful_bytes_read_));
   j.KV("reads", static_cast<double>(reads_));
+  j.KV("index_merges", static_cast<double>(index_merges_));
+  j.KV("index_merge_fallbacks", static_cast<double>(index_merge_fallbacks_));
   j.KV("pages_written", static_cast<double>(pstate_.pages_written));
   j.KV("bytes_written", static_cast<double>(bytes_written));
   j.KV("flush_pages_written", static_cast<double>(flush_pages_written_));

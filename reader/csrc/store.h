@@ -249,10 +249,16 @@ class Store {
   std::shared_ptr<const Version> current_;
   std::multiset<uint64_t> readers_;
   std::map<std::string, FeatureDef> defs_;  // name -> definition (readers resolve names here)
+  // The key index already describes pages of a version not yet installed (between a flush's
+  // or merge's table update and its install): readers must not pair it with current_.
+  bool index_ahead_ = false;
   std::atomic<bool> closed_{false};
 
   // Counters.
   std::atomic<uint64_t> pages_read_{0}, bytes_read_{0}, useful_bytes_read_{0}, reads_{0};
+  // Feature scans resolved through the key index, and those that fell back to the k-way
+  // merge because the index and the snapshot's pages disagreed (a writer mid-install).
+  std::atomic<uint64_t> index_merges_{0}, index_merge_fallbacks_{0};
   uint64_t flushes_ = 0;  // lifetime byte counters live in pstate_
   std::atomic<double> encoded_bytes_read_{0};
   uint64_t flush_pages_written_ = 0;

@@ -1636,7 +1636,33 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
       const ChunkOfPage chunk_of(refs[i]);
       std::vector<uint32_t> cur(cs.size(), 0);
       const size_t nb = b.size();
-      bool ok = true;
+      // on_buf(e) for a buffered entry (newer than any page), on_disk(c, r) for the record
+      // holding a key's current version. False when the index and the pages disagree.
+      auto walk = [&](auto&& on_buf, auto&& on_disk) -> bool {
+        for (size_t e = 0; e < ik.size(); e++) {
+          const uint64_t key = ik[e];
+          while (k < nb && b.keys[k] < key) on_buf(k++);
+          if (k < nb && b.keys[k] == key) {
+            on_buf(k++);
+            continue;
+          }
+          const uint32_t loc = il[e];
+          if (loc & KeyIndex::kTomb) continue;
+          const int32_t cj = chunk_of.Find(loc);
+          if (cj < 0) return false;
+          const uint32_t c = static_cast<uint32_t>(cj);
+          const Chunk& ch = cs[c];
+          const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
+          uint32_t r = cur[c];
+          while (r < cn && ch.keys[r] < key) r++;
+          if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) return false;
+          cur[c] = r + 1;
+          on_disk(c, r);
+        }
+        while (k < nb) on_buf(k++);
+        return true;
+      };
+      bool ok;
       if (w) {
         // Output sized for the worst case up front, written through raw pointers.
         col.keys.resize(ik.size() + nb);
@@ -1651,61 +1677,21 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
           else std::memcpy(vp + o * w, val, w);
           o++;
         };
-        auto put_buf = [&](size_t e) {
-          if (!b.tomb[e]) put(b.keys[e], b.value(e));
-        };
-        for (size_t e = 0; e < ik.size(); e++) {
-          const uint64_t key = ik[e];
-          while (k < nb && b.keys[k] < key) put_buf(k++);
-          if (k < nb && b.keys[k] == key) {
-            put_buf(k++);  // the buffered write is newer
-            continue;
-          }
-          const uint32_t loc = il[e];
-          if (loc & KeyIndex::kTomb) continue;
-          const int32_t cj = chunk_of.Find(loc);
-          if (cj < 0) { ok = false; break; }
-          const uint32_t c = static_cast<uint32_t>(cj);
-          const Chunk& ch = cs[c];
-          const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
-          uint32_t r = cur[c];
-          while (r < cn && ch.keys[r] < key) r++;
-          if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) { ok = false; break; }
-          cur[c] = r + 1;
-          encoded += ch.enc;
-          from_disk++;
-          put(key, ch.vals.data() + static_cast<size_t>(r) * w);
-        }
+        ok = walk([&](size_t e) { if (!b.tomb[e]) put(b.keys[e], b.value(e)); },
+                  [&](uint32_t c, uint32_t r) {
+                    const Chunk& ch = cs[c];
+                    encoded += ch.enc;
+                    from_disk++;
+                    put(ch.keys[r], ch.vals.data() + static_cast<size_t>(r) * w);
+                  });
         if (ok) {
-          while (k < nb) put_buf(k++);
           useful += from_disk * ItemBytes(w);
           col.keys.resize(o);
           col.values.resize(o * static_cast<size_t>(w));
         }
       } else {
         col.keys.reserve(ik.size() + nb);
-        for (size_t e = 0; e < ik.size() && ok; e++) {
-          const uint64_t key = ik[e];
-          while (k < nb && b.keys[k] < key) emit_buf(k++);
-          if (k < nb && b.keys[k] == key) {
-            emit_buf(k++);
-            continue;
-          }
-          const uint32_t loc = il[e];
-          if (loc & KeyIndex::kTomb) continue;
-          const int32_t cj = chunk_of.Find(loc);
-          if (cj < 0) { ok = false; break; }
-          const uint32_t c = static_cast<uint32_t>(cj);
-          const Chunk& ch = cs[c];
-          const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
-          uint32_t r = cur[c];
-          while (r < cn && ch.keys[r] < key) r++;
-          if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) { ok = false; break; }
-          cur[c] = r + 1;
-          copy_disk(c, r, r + 1);
-        }
-        if (ok)
-          while (k < nb) emit_buf(k++);
+        ok = walk(emit_buf, [&](uint32_t c, uint32_t r) { copy_disk(c, r, r + 1); });
       }
       if (ok) {
         order.clear();  // resolved: skip the merges below

@@ -43,7 +43,7 @@ uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
 uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
                                uint64_t value_bytes) {
   uint64_t b = sizeof(SegDesc) + kSegBodyHeader;
-  if (!run) b += varint_bytes;
+  if (!run) b += RawKeys(n, varint_bytes) ? 8ull * n : varint_bytes;
   if (any_tomb) b += (n + 7) / 8;
   b += ValueAlign(width) - 1;  // worst-case pad; the real one depends on where the segment lands
   b += width ? static_cast<uint64_t>(n) * width : 4ull * (n + 1) + value_bytes;
@@ -119,7 +119,12 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
     uint8_t* body = buf + off;
     uint8_t* p = body + kSegBodyHeader;
     uint32_t keys_bytes = 0;
-    if (!s.run) {
+    const bool raw = !s.run && RawKeys(n, s.varint_bytes);
+    if (raw) {
+      keys_bytes = 8 * n;
+      std::memcpy(p, s.keys.data(), keys_bytes);
+      p += keys_bytes;
+    } else if (!s.run) {
       uint8_t* k0 = p;
       uint64_t prev = s.keys.front();
       for (uint32_t j = 0; j < n; j++) {
@@ -128,7 +133,7 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
       }
       keys_bytes = static_cast<uint32_t>(p - k0);
     }
-    body[0] = s.run ? 0 : 1;
+    body[0] = s.run ? 0 : (raw ? 2 : 1);
     body[1] = s.any_tomb ? 1 : 0;
     std::memcpy(body + 4, &keys_bytes, 4);
     if (s.any_tomb) {
@@ -185,7 +190,8 @@ Status PageView::Parse(const uint8_t* buf, uint32_t page_size, uint32_t expect_i
   const uint32_t crc = crc32c::Value(buf + 8, page_size - 8);
   if (crc != h->crc) return bad("checksum mismatch (stored " + std::to_string(h->crc) + ", computed " +
                                 std::to_string(crc) + ")");
-  if (h->version != kPageFormatVersion) return bad("unknown page format version " + std::to_string(h->version));
+  if (h->version < kMinPageFormatVersion || h->version > kPageFormatVersion)
+    return bad("unknown page format version " + std::to_string(h->version));
   if (h->page_id != expect_id) return bad("page header says it is page " + std::to_string(h->page_id));
   if (sizeof(PageHeader) + static_cast<uint64_t>(h->nseg) * sizeof(SegDesc) > page_size || h->used > page_size)
     return bad("segment directory out of bounds");
@@ -211,6 +217,7 @@ SegmentView PageView::Segment(uint32_t i) const {
   v.length = d.length + sizeof(SegDesc);
   const uint8_t* body = buf_ + d.offset;
   v.run_keys = body[0] == 0;
+  v.raw_keys = body[0] == 2;
   std::memcpy(&v.keys_bytes, body + 4, 4);
   const uint8_t* p = body + kSegBodyHeader;
   v.keys = p;
@@ -240,6 +247,10 @@ bool PageView::Find(uint32_t feature_id, SegmentView* out) const {
 void SegmentView::DecodeKeys(uint64_t* out) const {
   if (run_keys) {
     for (uint32_t i = 0; i < count; i++) out[i] = min_key + i;
+    return;
+  }
+  if (raw_keys) {
+    std::memcpy(out, keys, 8ull * count);
     return;
   }
   const uint8_t* p = keys;

@@ -8,8 +8,11 @@
 //                      min/max key — a reader jumps straight to its feature's segment
 //   segment bodies     one per feature present in the page, items sorted by key:
 //                        u8 key_enc, u8 has_tomb, u16 pad, u32 keys_bytes
-//                        keys: nothing when they are a run (min_key + i), else LEB128
-//                              varint deltas — dense integer keys cost 0 or 1 byte each
+//                        keys (key_enc): 0 = nothing, they are a run (min_key + i);
+//                              1 = LEB128 varint deltas — near-dense keys cost 1-2 bytes each;
+//                              2 = raw little-endian u64 (format 3) — chosen when deltas
+//                              average >= kRawKeyMinDeltaBytes (random 64-bit ids): decoding
+//                              varints of 6-8 bytes costs more CPU than the bytes they save
 //                        tombstone bitmap (only when the segment holds deletes)
 //                        pad bytes, so fixed-width values of >= 16 bytes start aligned to
 //                              their power-of-two factor (<= 512): a 128-byte embedding row
@@ -31,7 +34,10 @@
 namespace recflash {
 
 constexpr uint32_t kPageMagic = 0x47504652;  // "RFPG"
-constexpr uint16_t kPageFormatVersion = 2;
+constexpr uint16_t kPageFormatVersion = 3;     // written
+constexpr uint16_t kMinPageFormatVersion = 2;  // still read (2 lacks raw keys)
+// Mean varint delta size (bytes) from which a segment stores its keys raw.
+constexpr uint32_t kRawKeyMinDeltaBytes = 6;
 
 struct PageHeader {
   uint32_t magic;
@@ -116,6 +122,7 @@ class PageBuilder {
   };
   static uint32_t SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
                            uint64_t value_bytes);
+  static bool RawKeys(uint32_t n, uint32_t varint_bytes) { return varint_bytes >= kRawKeyMinDeltaBytes * n; }
   uint32_t page_size_;
   std::vector<Seg> segs_;
   uint32_t closed_bytes_ = 0;  // header + finished segments
@@ -131,7 +138,8 @@ struct SegmentView {
   uint32_t count = 0;
   uint64_t min_key = 0, max_key = 0;
   bool run_keys = true;
-  const uint8_t* keys = nullptr;  // varint stream when !run_keys
+  bool raw_keys = false;          // keys stored as u64 (key_enc 2)
+  const uint8_t* keys = nullptr;  // varint stream or raw u64s when !run_keys
   uint32_t keys_bytes = 0;
   const uint8_t* tomb = nullptr;  // bitmap or nullptr
   const uint8_t* values = nullptr;

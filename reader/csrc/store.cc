@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kMarkerName = "RECFLASH";
 constexpr const char* kMarkerMagic = "recflash store";
-constexpr int kFormatVersion = 2;  // 2: aligned fixed-width values
+constexpr int kFormatVersion = 3;     // 2: aligned fixed-width values; 3: raw u64 keys
+constexpr int kMinFormatVersion = 2;  // format 2 stores open (their pages stay readable)
 constexpr uint8_t kOpPut = 1;
 constexpr uint8_t kOpDelete = 2;
 
@@ -264,9 +265,9 @@ Status Store::OpenImpl(const std::string& path) {
     }
     if (magic != kMarkerMagic || format < 0 || stored_ps == 0)
       return Status::NotAStore("'" + path + "' is not a recflash store: " + marker.string() + " is malformed");
-    if (format != kFormatVersion)
-      return Status::NotAStore("'" + path + "' has store format " + std::to_string(format) + "; this build reads format " +
-                               std::to_string(kFormatVersion));
+    if (format < kMinFormatVersion || format > kFormatVersion)
+      return Status::NotAStore("'" + path + "' has store format " + std::to_string(format) + "; this build reads formats " +
+                               std::to_string(kMinFormatVersion) + " to " + std::to_string(kFormatVersion));
     o_.page_size = stored_ps;  // the page size is fixed at creation
   }
 

@@ -133,7 +133,7 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
       }
       keys_bytes = static_cast<uint32_t>(p - k0);
     }
-    body[0] = s.run ? 0 : (raw ? 2 : 1);
+    body[0] = s.run ? 0 : (raw ? 4 : 1);
     body[1] = s.any_tomb ? 1 : 0;
     std::memcpy(body + 4, &keys_bytes, 4);
     if (s.any_tomb) {
@@ -217,7 +217,7 @@ SegmentView PageView::Segment(uint32_t i) const {
   v.length = d.length + sizeof(SegDesc);
   const uint8_t* body = buf_ + d.offset;
   v.run_keys = body[0] == 0;
-  v.raw_keys = body[0] == 2;
+  v.raw_keys = (body[0] & 4) != 0;
   std::memcpy(&v.keys_bytes, body + 4, 4);
   const uint8_t* p = body + kSegBodyHeader;
   v.keys = p;

@@ -10,7 +10,7 @@
 //                        u8 key_enc, u8 has_tomb, u16 pad, u32 keys_bytes
 //                        keys (key_enc): 0 = nothing, they are a run (min_key + i);
 //                              1 = LEB128 varint deltas — near-dense keys cost 1-2 bytes each;
-//                              2 = raw little-endian u64 (format 3) — chosen when deltas
+//                              4 = raw little-endian u64 (format 3) — chosen when deltas
 //                              average >= kRawKeyMinDeltaBytes (random 64-bit ids): decoding
 //                              varints of 6-8 bytes costs more CPU than the bytes they save
 //                        tombstone bitmap (only when the segment holds deletes)
@@ -138,7 +138,7 @@ struct SegmentView {
   uint32_t count = 0;
   uint64_t min_key = 0, max_key = 0;
   bool run_keys = true;
-  bool raw_keys = false;          // keys stored as u64 (key_enc 2)
+  bool raw_keys = false;          // keys stored as u64 (key_enc bit 2)
   const uint8_t* keys = nullptr;  // varint stream or raw u64s when !run_keys
   uint32_t keys_bytes = 0;
   const uint8_t* tomb = nullptr;  // bitmap or nullptr

@@ -891,6 +891,7 @@ Status Store::FlushLocked(bool force) {
     auto v = BuildVersion(current_->number + 1);
     std::lock_guard<std::mutex> l(mu_);
     for (uint32_t fid : write_fids) buffer_.find(fid)->Clear();
+    buffer_.TrimCapacity(o_.write_buffer_bytes);
     for (uint32_t fid : pinned) buffer_.find(fid)->pinned_flushes++;
     current_ = v;
     index_ahead_ = false;

@@ -84,6 +84,34 @@ void FeatureBuffer::Clear() {
   pinned_flushes = 0;
 }
 
+size_t FeatureBuffer::CapacityBytes() const {
+  return items_.keys.capacity() * 8 + items_.tomb.capacity() + items_.off.capacity() * 8 + items_.len.capacity() * 4 +
+         items_.arena.capacity();
+}
+
+void FeatureBuffer::Release() {
+  if (size()) return;
+  items_ = BufferedItems();
+  sorted_ = 0;
+}
+
+void WriteBuffer::TrimCapacity(size_t max_bytes) {
+  size_t total = 0;
+  std::vector<std::pair<size_t, FeatureBuffer*>> empty;
+  for (auto& [fid, fb] : features_) {
+    const size_t c = fb.CapacityBytes();
+    total += c;
+    if (fb.size() == 0 && c) empty.emplace_back(c, &fb);
+  }
+  if (total <= max_bytes) return;
+  std::sort(empty.begin(), empty.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (auto& [c, fb] : empty) {
+    if (total <= max_bytes) break;
+    fb->Release();
+    total -= c;
+  }
+}
+
 void FeatureBuffer::CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out) {
   Normalize();
   const auto& k = items_.keys;

@@ -33,6 +33,9 @@ class FeatureBuffer {
   size_t size() const { return items_.keys.size(); }
   uint64_t bytes() const { return bytes_; }
   void Clear();
+  // Bytes the vectors hold allocated (capacity), and giving them back (empty buffers only).
+  size_t CapacityBytes() const;
+  void Release();
   // Copies the entries with lo <= key < hi (normalized first).
   void CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out);
 
@@ -55,6 +58,10 @@ class WriteBuffer {
   uint64_t bytes() const;
   uint64_t items() const;
   void Erase(uint32_t fid) { features_.erase(fid); }
+  // Empty feature buffers keep their capacity for the next flush cycle; this releases the
+  // largest of them until all buffers together hold at most max_bytes. Without it a bulk load
+  // (each feature's items in one batch) would leave tens of bytes per loaded item allocated.
+  void TrimCapacity(size_t max_bytes);
 
  private:
   std::map<uint32_t, FeatureBuffer> features_;

@@ -141,6 +141,7 @@ StoreOptions OptionsFromDict(const py::dict& d) {
   get("direct_io", o.direct_io);
   get("accounting", o.accounting);
   get("sync_on_write", o.sync_on_write);
+  get("bulk_load", o.bulk_load);
   get("queue_depth", o.queue_depth);
   get("max_io_bytes", o.max_io_bytes);
   get("pinner_enabled", o.pinner.enabled);

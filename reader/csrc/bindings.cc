@@ -4,8 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 
+#include "ingest/csrc/hex_ids.h"
 #include "ndp/csrc/sls.h"
 #include "reader/csrc/store.h"
 
@@ -125,6 +127,43 @@ py::tuple RunSls(Store* store, ndp::SlsEngine* engine, const py::list& requests)
   d["gather"] = GatherStatsDict(ss.gather);
   d["seconds"] = ss.seconds;
   return py::make_tuple(pr.outs, d);
+}
+
+// parse_hex_ids(offsets int32[n + 1], data uint8[], validity uint8[] | None, bit_offset)
+//   -> (values int64[m], keep bool[n] | None when every entry has a value, bad int64[] | None)
+py::tuple ParseHexIdsPy(py::array_t<int32_t, py::array::c_style> offsets, py::array_t<uint8_t, py::array::c_style> data,
+                        py::object validity, int64_t bit_offset) {
+  if (offsets.size() < 1) throw py::value_error("parse_hex_ids: offsets need n + 1 entries");
+  const size_t n = static_cast<size_t>(offsets.size() - 1);
+  const int32_t* off = offsets.data();
+  if (off[0] < 0 || off[n] < off[0] || static_cast<size_t>(off[n]) > static_cast<size_t>(data.size()))
+    throw py::value_error("parse_hex_ids: offsets out of the data's bounds");
+  const uint8_t* bits = nullptr;
+  py::array_t<uint8_t, py::array::c_style> vb;
+  if (!validity.is_none()) {
+    vb = validity.cast<py::array_t<uint8_t, py::array::c_style>>();
+    if (static_cast<size_t>(vb.size()) * 8 < static_cast<size_t>(bit_offset) + n)
+      throw py::value_error("parse_hex_ids: validity bitmap too short");
+    bits = vb.data();
+  }
+  py::array_t<int64_t> values(static_cast<py::ssize_t>(n));
+  py::array_t<bool> keep(static_cast<py::ssize_t>(n));
+  std::vector<int64_t> bad;
+  size_t m;
+  {
+    py::gil_scoped_release nogil;
+    m = recflash::ingest::ParseHexIds(off, data.data(), bits, bit_offset, n, values.mutable_data(),
+                                      reinterpret_cast<uint8_t*>(keep.mutable_data()), &bad);
+  }
+  values.resize({static_cast<py::ssize_t>(m)});
+  py::object keep_out = m == n ? py::object(py::none()) : py::object(keep);
+  py::object bad_out = py::none();
+  if (!bad.empty()) {
+    py::array_t<int64_t> b(static_cast<py::ssize_t>(bad.size()));
+    std::memcpy(b.mutable_data(), bad.data(), bad.size() * 8);
+    bad_out = b;
+  }
+  return py::make_tuple(values, keep_out, bad_out);
 }
 
 // Sets `field` from options[key] when present (options dicts come from Python dataclasses).
@@ -386,6 +425,8 @@ class PySlsEngine {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "recflash storage engine (C++20, io_uring, O_DIRECT, RocksDB metadata)";
+  m.def("parse_hex_ids", &ParseHexIdsPy, py::arg("offsets"), py::arg("data"), py::arg("validity"),
+        py::arg("bit_offset"), "Hex id strings (Arrow string buffers) -> int64 values; see ingest/csrc/hex_ids.h");
   py::class_<PyStore>(m, "Store")
       .def_static("open", &PyStore::Open, py::arg("path"), py::arg("options"))
       .def("create_feature", &PyStore::CreateFeature)

@@ -1138,6 +1138,7 @@ Status Store::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& 
   constexpr uint32_t kBlockPages = 32;
   const size_t npages = ids.size();
   for (size_t i = 0; i < npages; i++) StampPageId(page_ptr(i), ps, ids[i]);
+  if (npages) RF_RETURN_IF_ERROR(file_.Reserve(static_cast<uint64_t>(*std::max_element(ids.begin(), ids.end())) + 1));
   // Runs of consecutive ids within one block go out as one write.
   std::vector<PageRun> runs;
   std::vector<const uint8_t*> src;

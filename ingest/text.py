@@ -156,7 +156,7 @@ class TextFile:
                 if cut == 0:
                     have = end
                     continue
-                n_lines = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=cut) == 10))
+                n_lines = buf.count(b"\n", 0, cut)  # no temporary arrays
                 yield Block(memoryview(buf)[:cut], offset, line, n_lines, self.raw_position())
                 offset += cut
                 line += n_lines

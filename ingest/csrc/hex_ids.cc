@@ -18,17 +18,25 @@ constexpr std::array<uint8_t, 256> MakeTable() {
 }
 constexpr std::array<uint8_t, 256> kNibble = MakeTable();
 
-// Eight hex digits at p (first digit most significant); false if any is not a digit.
+// Eight hex digits at p (first digit most significant); false if any is not a digit. SWAR
+// on one little-endian word (first digit in the low byte), as recflash.ingest.hexids does
+// with numpy: validate all eight bytes with carry-free byte-wise additions, then turn each
+// byte into its nibble and pack the nibbles pairwise.
 inline bool Hex8(const uint8_t* p, uint64_t* out) {
-  uint64_t v = 0;
-  uint8_t any_bad = 0;
-  for (int i = 0; i < 8; i++) {
-    const uint8_t d = kNibble[p[i]];
-    any_bad |= d;
-    v = (v << 4) | (d & 0x0F);
-  }
+  constexpr uint64_t k01 = 0x0101010101010101ull, k0F = 0x0F0F0F0F0F0F0F0Full, k80 = 0x8080808080808080ull;
+  uint64_t c;
+  std::memcpy(&c, p, 8);
+  const uint64_t lower = c | 0x2020202020202020ull;
+  const uint64_t letter = (lower + 0x1F1F1F1F1F1F1F1Full) & ~(lower + 0x1919191919191919ull);  // bit 7: a..f
+  const uint64_t digit = (c + 0x5050505050505050ull) & ~(c + 0x4646464646464646ull);         // bit 7: 0..9
+  // A byte >= 0x80 could carry into its neighbour: flag the word (0x08 breaks equality).
+  const uint64_t ok = ((letter | digit) & k80) | ((c & k80) >> 4);
+  uint64_t v = (c & k0F) + ((c >> 6) & k01) * 9;  // one nibble per byte
+  v = ((v & 0x000F000F000F000Full) << 4) | ((v >> 8) & 0x000F000F000F000Full);   // two digits per 16 bits
+  v = ((v & 0x000000FF000000FFull) << 8) | ((v >> 16) & 0x000000FF000000FFull);  // four per 32 bits
+  v = ((v & 0xFFFFull) << 16) | (v >> 32);                                          // eight
   *out = v;
-  return (any_bad & 0xF0) == 0;
+  return ok == k80;
 }
 
 }  // namespace

@@ -3,9 +3,13 @@
 Pipeline (two threads, bounded): a reader thread pulls chunks from the source — reading,
 parsing (pyarrow, multi-threaded) and converting to numpy/Arrow values — and hands them over
 through a queue of ``QUEUE_CHUNKS``; the calling thread writes each chunk (one ``put`` per
-feature; the engine releases the GIL, so parsing the next chunk overlaps it), calls
-``store.sync()`` and then records the chunk in the journal (:mod:`recflash.ingest.journal`).
-At most ``QUEUE_CHUNKS + 2`` chunks exist at once, so memory does not grow with the input.
+feature; the engine releases the GIL, so parsing the next chunk overlaps it). The store is
+opened in bulk-load mode (no WAL): a checkpoint — ``store.sync()``, which writes the buffered
+items into pages and commits the metadata, then the journal entry
+(:mod:`recflash.ingest.journal`) naming the last chunk written — follows every
+``write_buffer_mb`` of input (about when the buffer would flush anyway; each checkpoint costs a
+few fsyncs) and the last chunk. At most ``QUEUE_CHUNKS + 2`` chunks exist at once and the
+store's buffer is bounded, so memory does not grow with the input.
 
 Keys: a ``--key`` column, or row numbers: the n-th written row of the job gets key
 ``key_start + n`` (bad lines that are skipped get no key). ``key_start`` is ``--key-offset``,
@@ -205,17 +209,32 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         reader = _Reader(source, position)
         reader.start()
         write_s = 0.0
+        checkpoint_bytes = max(1, int(opts.write_buffer_mb * (1 << 20)))
+        pending: Optional[dict] = None  # journal state of the last chunk written, not yet durable
+        pending_bytes = 0
+
+        def checkpoint() -> float:
+            """Makes every chunk written so far durable, then records it; returns the seconds."""
+            nonlocal pending, pending_bytes
+            if pending is None:
+                return 0.0
+            t = time.perf_counter()
+            store.sync()
+            journal.save(pending)
+            pending, pending_bytes = None, 0
+            return time.perf_counter() - t
+
         try:
             while True:
                 kind, item = reader.get()
                 if kind == "error":
+                    checkpoint()  # keep the chunks before the bad input
                     raise item
                 if kind == "end":
                     break
                 chunk: Chunk = item
                 t0 = time.perf_counter()
                 written = _write_chunk(store, chunk, next_key)
-                store.sync()
                 write_s += time.perf_counter() - t0
                 if chunk.keys is None:
                     next_key += chunk.n_rows
@@ -224,8 +243,12 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                 for b in chunk.skipped:
                     if len(sample) < SAMPLE_BAD_LINES:
                         sample.append(b.as_dict())
-                journal.save(_state(identity, source, "running", chunk.position, key_start, next_key, rows_total,
-                                    skipped_total, sample))
+                # Fully written: this is where a resume may continue once it is durable.
+                pending = _state(identity, source, "running", chunk.position, key_start, next_key, rows_total,
+                                 skipped_total, sample)
+                pending_bytes += max(chunk.input_bytes, 1)
+                if pending_bytes >= checkpoint_bytes:
+                    write_s += checkpoint()
                 result.rows += chunk.n_rows
                 result.items += written
                 result.input_rows += chunk.rows_read
@@ -236,9 +259,11 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                     progress({"rows": result.rows, "rows_total": rows_total, "input_bytes": result.input_bytes,
                               "disk_done": chunk.disk_done, "skipped": result.bad_lines_skipped,
                               "items": result.items})
+            write_s += checkpoint()
         except KeyboardInterrupt:
             reader.stop.set()
             result.status = "interrupted"
+            checkpoint()  # the chunks written completely are kept (a partial one is redone on resume)
         finally:
             reader.stop.set()
         result.rows_total = rows_total

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 
+#include "ingest/csrc/criteo_tsv.h"
 #include "ingest/csrc/hex_ids.h"
 #include "ndp/csrc/sls.h"
 #include "reader/csrc/store.h"
@@ -164,6 +165,50 @@ py::tuple ParseHexIdsPy(py::array_t<int32_t, py::array::c_style> offsets, py::ar
     bad_out = b;
   }
   return py::make_tuple(values, keep_out, bad_out);
+}
+
+// parse_criteo_block(data: buffer, has_label) -> None (not for the fast path: use the general
+// parser) or (rows, [(values, present bool[rows] | None), ...] one per field in layout order;
+// the label's values are float32, the others int64).
+py::object ParseCriteoBlockPy(py::buffer data, bool has_label) {
+  py::buffer_info info = data.request();
+  const auto* p = static_cast<const uint8_t*>(info.ptr);
+  const size_t n = static_cast<size_t>(info.size * info.itemsize);
+  recflash::ingest::CriteoColumns cols;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = recflash::ingest::ParseCriteoBlock(p, n, has_label, &cols);
+  }
+  if (!ok) return py::none();
+  py::list fields;
+  for (size_t f = 0; f < cols.values.size(); f++) {
+    py::object values;
+    if (has_label && f == 0) {
+      py::array_t<float> a(static_cast<py::ssize_t>(cols.labels.size()));
+      std::memcpy(a.mutable_data(), cols.labels.data(), cols.labels.size() * sizeof(float));
+      values = a;
+    } else {
+      py::array_t<int64_t> a(static_cast<py::ssize_t>(cols.values[f].size()));
+      std::memcpy(a.mutable_data(), cols.values[f].data(), cols.values[f].size() * 8);
+      values = a;
+    }
+    py::object present = py::none();
+    if (cols.missing[f]) {
+      py::array_t<bool> m(static_cast<py::ssize_t>(cols.rows));
+      std::memcpy(m.mutable_data(), cols.present[f].data(), cols.rows);
+      present = m;
+    }
+    fields.append(py::make_tuple(values, present));
+  }
+  return py::make_tuple(cols.rows, fields);
+}
+
+// count_lines(data: buffer) -> lines (newlines, plus a last line without one)
+size_t CountLinesPy(py::buffer data) {
+  py::buffer_info info = data.request();
+  py::gil_scoped_release nogil;
+  return recflash::ingest::CountLines(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
 }
 
 // Sets `field` from options[key] when present (options dicts come from Python dataclasses).
@@ -425,6 +470,9 @@ class PySlsEngine {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "recflash storage engine (C++20, io_uring, O_DIRECT, RocksDB metadata)";
+  m.def("parse_criteo_block", &ParseCriteoBlockPy, py::arg("data"), py::arg("has_label"),
+        "Criteo TSV block -> columns, or None outside the fast path; see ingest/csrc/criteo_tsv.h");
+  m.def("count_lines", &CountLinesPy, py::arg("data"));
   m.def("parse_hex_ids", &ParseHexIdsPy, py::arg("offsets"), py::arg("data"), py::arg("validity"),
         py::arg("bit_offset"), "Hex id strings (Arrow string buffers) -> int64 values; see ingest/csrc/hex_ids.h");
   py::class_<PyStore>(m, "Store")

@@ -386,11 +386,66 @@ Status Store::RebuildFromPages() {
     uint32_t len;
     bool tomb;
   };
-  std::vector<std::vector<R>> recs(features_.All().empty() ? 0 : features_.All().back()->def.id + 1);
+  const size_t nfid = features_.All().empty() ? 0 : features_.All().back()->def.id + 1;
+  std::vector<std::vector<R>> recs(nfid);
   std::vector<uint32_t> live;
   for (uint32_t p = 0; p < pages_.slots(); p++)
     if (pages_.at(p).live) live.push_back(p);
   const uint32_t ps = o_.page_size;
+
+  // A fixed-width feature whose live segments hold pairwise disjoint key ranges and no
+  // tombstones has exactly one version of each key, all valid: its state follows from the
+  // page records alone and its index stays deferred (see KeyIndex). So reopening after a
+  // crash in the middle of a bulk load reads no pages and builds no per-key index for it.
+  std::vector<uint8_t> deferred(nfid, 0);
+  std::vector<uint32_t> live_read;  // pages holding a segment of a feature that is not deferred
+  if (!o_.accounting) {
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(nfid);
+    std::vector<uint8_t> ok(nfid, 1);
+    for (uint32_t pid : live)
+      for (const auto& sm : pages_.at(pid).segs) {
+        if (sm.retired) continue;
+        if (sm.tombs) ok[sm.fid] = 0;
+        ranges[sm.fid].emplace_back(sm.min_key, sm.max_key);
+      }
+    for (uint32_t fid = 0; fid < nfid; fid++) {
+      FeatureState* f = features_.Get(fid);
+      if (!f || !ok[fid] || f->def.fixed_width() == 0) continue;
+      auto& r = ranges[fid];
+      std::sort(r.begin(), r.end());
+      bool disjoint = true;
+      for (size_t i = 1; i < r.size() && disjoint; i++) disjoint = r[i].first > r[i - 1].second;
+      if (!disjoint) continue;
+      deferred[fid] = 1;
+      f->index.Defer();
+      std::vector<std::pair<uint64_t, uint64_t>>().swap(r);
+    }
+    std::vector<uint32_t> to_read;
+    std::vector<uint64_t> max_key(nfid, 0);
+    for (uint32_t pid : live) {
+      PageMeta& pm = pages_.at(pid);
+      bool read = false;
+      for (auto& sm : pm.segs) {
+        if (sm.retired) continue;
+        if (!deferred[sm.fid]) {
+          read = true;
+          continue;
+        }
+        FeatureState* f = features_.Get(sm.fid);
+        const uint64_t b = static_cast<uint64_t>(sm.count) * ItemBytes(f->def.fixed_width());
+        sm.valid = sm.count;
+        sm.valid_bytes = b;
+        f->live_items += sm.count;
+        f->live_bytes += b;
+        max_key[sm.fid] = std::max(max_key[sm.fid], sm.max_key);
+        f->index.AppendDeferred(sm.count, max_key[sm.fid]);
+      }
+      if (read) to_read.push_back(pid);
+    }
+    live_read.swap(to_read);
+  } else {
+    live_read = live;
+  }
   std::vector<uint64_t> keys;
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     PageMeta& pm = pages_.at(pid);
@@ -398,7 +453,7 @@ Status Store::RebuildFromPages() {
       return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' has seq " +
                                 std::to_string(pv.seq()) + " but the metadata expects " + std::to_string(pm.seq));
     for (auto& sm : pm.segs) {
-      if (sm.retired) continue;
+      if (sm.retired || deferred[sm.fid]) continue;
       SegmentView sv;
       if (!pv.Find(sm.fid, &sv) || sv.count != sm.count)
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
@@ -418,10 +473,10 @@ Status Store::RebuildFromPages() {
     }
     return Status::OK();
   };
-  if (!live.empty()) {
-    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), live, cb));
-    pages_read_ += live.size();
-    bytes_read_ += static_cast<uint64_t>(live.size()) * ps;
+  if (!live_read.empty()) {
+    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), live_read, cb));
+    pages_read_ += live_read.size();
+    bytes_read_ += static_cast<uint64_t>(live_read.size()) * ps;
   }
   // Highest seq wins per key.
   for (uint32_t fid = 0; fid < recs.size(); fid++) {

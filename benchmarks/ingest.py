@@ -251,9 +251,10 @@ def profile_store(tsv: Path, workdir: Path, rows_wanted: int, write_buffer_mb: f
     since_sync = 0
     for ch in chunks:
         a = time.perf_counter()
-        items += _write_chunk(s, ch, key)
-        since_sync += ch.input_bytes
-        if since_sync >= write_buffer_mb * MiB:
+        n, b = _write_chunk(s, ch, key)
+        items += n
+        since_sync += b
+        if since_sync + b >= write_buffer_mb * MiB:
             s.sync()
             since_sync = 0
         t_put += time.perf_counter() - a

@@ -7,8 +7,8 @@ feature; the engine releases the GIL, so parsing the next chunk overlaps it). Th
 opened in bulk-load mode (no WAL): a checkpoint — ``store.sync()``, which writes the buffered
 items into pages and commits the metadata, then the journal entry
 (:mod:`recflash.ingest.journal`) naming the last chunk written — follows every
-``write_buffer_mb`` of input (about when the buffer would flush anyway; each checkpoint costs a
-few fsyncs) and the last chunk. At most ``QUEUE_CHUNKS + 2`` chunks exist at once and the
+write buffer's worth of items (synced just before the buffer would fill: then the buffer goes
+to pages only at checkpoints; each checkpoint costs a few fsyncs) and the last chunk. At most ``QUEUE_CHUNKS + 2`` chunks exist at once and the
 store's buffer is bounded, so memory does not grow with the input.
 
 Keys: a ``--key`` column, or row numbers: the n-th written row of the job gets key
@@ -234,7 +234,7 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                     break
                 chunk: Chunk = item
                 t0 = time.perf_counter()
-                written = _write_chunk(store, chunk, next_key)
+                written, chunk_bytes = _write_chunk(store, chunk, next_key)
                 write_s += time.perf_counter() - t0
                 if chunk.keys is None:
                     next_key += chunk.n_rows
@@ -246,8 +246,12 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                 # Fully written: this is where a resume may continue once it is durable.
                 pending = _state(identity, source, "running", chunk.position, key_start, next_key, rows_total,
                                  skipped_total, sample)
-                pending_bytes += max(chunk.input_bytes, 1)
-                if pending_bytes >= checkpoint_bytes:
+                pending_bytes += chunk_bytes
+                # Sync before the store's buffer would fill during the next chunk (chunks are of
+                # similar size): the buffer then goes to pages only at checkpoints, so what is
+                # durable is what the journal says (plus at most the group a crash cut short
+                # between sync and journal), and a resume rewrites little.
+                if pending_bytes + chunk_bytes >= checkpoint_bytes:
                     write_s += checkpoint()
                 result.rows += chunk.n_rows
                 result.items += written
@@ -289,18 +293,20 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                 pass
 
 
-def _write_chunk(store, chunk: Chunk, next_key: int) -> int:
+def _write_chunk(store, chunk: Chunk, next_key: int) -> tuple[int, int]:
+    """Puts a chunk; returns (items, their approximate buffered bytes: 8 per key + values)."""
     if chunk.n_rows == 0:
-        return 0
+        return 0, 0
     keys = chunk.keys if chunk.keys is not None else np.arange(next_key, next_key + chunk.n_rows, dtype=np.uint64)
-    written = 0
+    written = nbytes = 0
     for name, col in chunk.columns.items():
         k = keys if col.valid is None else keys[col.valid]
         if len(k) == 0:
             continue
         store.put(name, k, col.values)
         written += len(k)
-    return written
+        nbytes += 8 * len(k) + int(getattr(col.values, "nbytes", 0))
+    return written, nbytes
 
 
 def _state(identity: dict, source: Source, status: str, position: Optional[dict], key_start: int, next_key: int,

@@ -15,7 +15,9 @@ TorchRec batches.
    generator's.
 4. Profile split, in this process: the reader alone (read + parse + convert, no store) on the
    first 256 MiB, and the store alone (put + sync + close of already converted chunks, the
-   same 40 features) on 300 k rows.
+   same 40 features, bulk-load mode as the importer uses) on 300 k rows; wall and CPU time.
+   CPU seconds of the import itself come from wait4: with other processes loading this
+   shared machine, MB per CPU second is the figure that does not depend on them.
 5. Preprocessing: `Preprocessor.criteo(table_sizes=...)` on tables of the store
    (`scan_joined`, equal to `Store.scan_many`), samples/s into `Batch` for batch sizes
    4096..65536; end to end (`Preprocessor.batches`: scans + join + batches); and
@@ -122,8 +124,10 @@ def run_import(tsv: Path, store: Path, summary: Path, write_buffer_mb: float, bl
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
+    load_start = os.getloadavg()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
+    load_end = os.getloadavg()
     stop.set()
     th.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -133,6 +137,7 @@ def run_import(tsv: Path, store: Path, summary: Path, write_buffer_mb: float, bl
     log(out.strip())
     s = json.loads(summary.read_text())
     return {"command": " ".join(cmd), "wall_seconds": wall, "peak_rss_mb": usage.ru_maxrss / 1024,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime, "loadavg": [load_start[0], load_end[0]],
             "summary": s, "timeline": timeline, "stdout": out.strip()}
 
 
@@ -200,15 +205,22 @@ def profile_reader(tsv: Path, limit_bytes: int, block_mb: float) -> dict:
 
     src = CriteoSource([str(tsv)], block_bytes=int(block_mb * MiB))
     src.prepare()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     rows = nbytes = 0
     for ch in src.chunks(None):
         rows += ch.n_rows
         nbytes += ch.input_bytes
         if nbytes >= limit_bytes:
             break
-    dt = time.perf_counter() - t0
-    return {"rows": rows, "bytes": nbytes, "seconds": dt, "mb_per_s": nbytes / 1e6 / dt, "rows_per_s": rows / dt}
+    dt, cpu = time.perf_counter() - t0, _cpu() - c0
+    return {"rows": rows, "bytes": nbytes, "seconds": dt, "mb_per_s": nbytes / 1e6 / dt, "rows_per_s": rows / dt,
+            "cpu_seconds": cpu, "mb_per_cpu_s": nbytes / 1e6 / cpu}
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, all threads (pyarrow's parse threads included)."""
+    t = os.times()
+    return t.user + t.system
 
 
 def profile_store(tsv: Path, workdir: Path, rows_wanted: int, write_buffer_mb: float, block_mb: float) -> dict:
@@ -229,26 +241,34 @@ def profile_store(tsv: Path, workdir: Path, rows_wanted: int, write_buffer_mb: f
             break
     path = workdir / "store-only"
     shutil.rmtree(path, ignore_errors=True)
-    t0 = time.perf_counter()
-    s = Store.open(str(path), StoreOptions(write_buffer_bytes=int(write_buffer_mb * MiB)))
+    t0, c0 = time.perf_counter(), _cpu()
+    # bulk-load mode and one sync per write buffer of input, as the importer does
+    s = Store.open(str(path), StoreOptions(write_buffer_bytes=int(write_buffer_mb * MiB), bulk_load=True))
     for n, t in schema.items():
         s.create_feature(n, t)
     key = items = 0
     t_put = 0.0
+    since_sync = 0
     for ch in chunks:
         a = time.perf_counter()
-        items += _write_chunk(s, ch, key)
-        s.sync()
+        n, b = _write_chunk(s, ch, key)
+        items += n
+        since_sync += b
+        if since_sync + b >= write_buffer_mb * MiB:
+            s.sync()
+            since_sync = 0
         t_put += time.perf_counter() - a
         key += ch.n_rows
     a = time.perf_counter()
+    s.sync()
     s.close()
     t_close = time.perf_counter() - a
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, _cpu() - c0
     shutil.rmtree(path, ignore_errors=True)
     return {"rows": rows, "items": items, "tsv_bytes_equivalent": nbytes, "seconds": dt, "put_sync_seconds": t_put,
             "close_seconds": t_close, "rows_per_s": rows / dt, "items_per_s": items / dt,
-            "mb_per_s_equivalent": nbytes / 1e6 / dt}
+            "mb_per_s_equivalent": nbytes / 1e6 / dt, "cpu_seconds": cpu, "cpu_ns_per_item": cpu / items * 1e9,
+            "mb_per_cpu_s_equivalent": nbytes / 1e6 / cpu}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +360,17 @@ def plot(path: Path, res: dict) -> None:
     labels = ["import\n(end to end)", "reader only\n(parse+convert)",
               f"store only\n(put+sync+close,\n{st['rows'] / 1e3:,.0f} k rows, fresh store)"]
     vals = [imp["mb_per_s"], res["profile"]["reader"]["mb_per_s"], res["profile"]["store"]["mb_per_s_equivalent"]]
-    ax.bar(labels, vals, color=["tab:blue", "tab:green", "tab:orange"])
+    per_cpu = [imp.get("mb_per_cpu_s", 0), res["profile"]["reader"].get("mb_per_cpu_s", 0),
+               res["profile"]["store"].get("mb_per_cpu_s_equivalent", 0)]
+    x = np.arange(len(labels))
+    ax.bar(x - 0.2, vals, 0.4, color=["tab:blue", "tab:green", "tab:orange"], label="MB/s (wall)")
+    ax.bar(x + 0.2, per_cpu, 0.4, color=["tab:blue", "tab:green", "tab:orange"], alpha=0.45, hatch="//",
+           label="MB per CPU second")
+    ax.set_xticks(x, labels)
+    la = imp.get("loadavg_start_end")
+    if la:
+        ax.text(0.02, 0.97, f"load average {la[0]:.1f} -> {la[1]:.1f} on {os.cpu_count()} cores", transform=ax.transAxes,
+                va="top", fontsize=8)
     ax.axhline(TARGET_IMPORT_MB_S, color="k", ls="--", lw=0.8, label=f"target {TARGET_IMPORT_MB_S:.0f} MB/s")
     ax.set_ylabel("MB/s of TSV")
     ax.set_title("where import time goes", fontsize=9)
@@ -400,10 +430,16 @@ def main() -> int:
             "mb_per_s": s["mb_per_s"], "rows_per_s": s["rows_per_s"],
             "store_write_seconds": s["write_seconds"], "store_close_seconds": s["close_seconds"],
             "peak_rss_mb": imp["peak_rss_mb"], "write_buffer_mb": args.write_buffer_mb, "block_mb": args.block_mb,
+            # CPU time of the import process (startup included): what the import costs
+            # independent of other processes' load on this shared machine
+            "cpu_seconds": imp["cpu_seconds"], "mb_per_cpu_s": s["input_bytes"] / 1e6 / imp["cpu_seconds"],
+            "cores_used": imp["cpu_seconds"] / imp["wall_seconds"], "loadavg_start_end": imp["loadavg"],
             "timeline": [(round(a, 2), round(b, 1), c) for a, b, c in imp["timeline"]],
         }
         res["import"]["rows_per_s_over_time"] = _rates(imp["timeline"])
-        log(f"import: {s['mb_per_s']:.1f} MB/s, {s['rows_per_s']:,.0f} rows/s, peak RSS {imp['peak_rss_mb']:,.0f} MiB")
+        log(f"import: {s['mb_per_s']:.1f} MB/s, {s['rows_per_s']:,.0f} rows/s, peak RSS {imp['peak_rss_mb']:,.0f} MiB; "
+            f"{imp['cpu_seconds']:.1f} CPU s ({res['import']['mb_per_cpu_s']:.1f} MB per CPU second, "
+            f"{res['import']['cores_used']:.2f} cores used; load average {imp['loadavg'][0]:.1f} -> {imp['loadavg'][1]:.1f})")
         v = verify(store, gen["rows"], args.seed, full=args.quick)
         res["import"]["verified"] = v.pop("verified")
         res["import"].update(v)
@@ -417,9 +453,11 @@ def main() -> int:
             "reader": profile_reader(tsv, min(gen["bytes"], 256 * MiB), args.block_mb),
             "store": profile_store(tsv, work, min(gen["rows"], 300_000), args.write_buffer_mb, args.block_mb),
         }
-        log(f"reader alone {res['profile']['reader']['mb_per_s']:.1f} MB/s; store alone "
+        log(f"reader alone {res['profile']['reader']['mb_per_s']:.1f} MB/s "
+            f"({res['profile']['reader']['mb_per_cpu_s']:.1f} MB per CPU second); store alone "
             f"{res['profile']['store']['mb_per_s_equivalent']:.1f} MB/s-equivalent "
-            f"({res['profile']['store']['items_per_s']:,.0f} items/s)")
+            f"({res['profile']['store']['items_per_s']:,.0f} items/s, "
+            f"{res['profile']['store']['cpu_ns_per_item']:.0f} CPU ns per item)")
         res["preprocess"] = bench_preprocess(store, gen["rows"], args.quick)
         res["targets"] = {
             "import_mb_per_s": {"target": TARGET_IMPORT_MB_S, "measured": res["import"]["mb_per_s"],

@@ -37,6 +37,12 @@ _M2 = _U(0x000000FF000000FF)
 _M3 = _U(0xFFFF)
 _S4, _S6, _S8, _S16, _S32, _N9 = _U(4), _U(6), _U(8), _U(16), _U(32), _U(9)
 
+try:
+    from recflash._native import parse_hex_ids as _native_parse
+except ImportError:  # pragma: no cover - the pure-numpy path below
+    _native_parse = None
+_EMPTY = np.zeros(0, np.uint8)
+
 _STEP = 1 << 14  # words per slice: 128 KiB per array, stays in L2
 
 
@@ -139,6 +145,15 @@ def parse_hex_column(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None, np.n
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     n = len(arr)
+    if _native_parse is not None and (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)):
+        # The engine's C++ parser (ingest/csrc/hex_ids.h): same results, a fraction of the CPU,
+        # and it runs without the GIL.
+        bufs = arr.buffers()
+        offs = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None and len(bufs[2]) else _EMPTY
+        bits = np.frombuffer(bufs[0], dtype=np.uint8) if bufs[0] is not None and arr.null_count else None
+        values, keep, bad = _native_parse(offs, data, bits, arr.offset)
+        return values, keep, bad
     valid = valid_mask(arr)
     offs, data = _string_buffers(arr)
     lens = np.diff(offs)

@@ -3,9 +3,13 @@
 Pipeline (two threads, bounded): a reader thread pulls chunks from the source — reading,
 parsing (pyarrow, multi-threaded) and converting to numpy/Arrow values — and hands them over
 through a queue of ``QUEUE_CHUNKS``; the calling thread writes each chunk (one ``put`` per
-feature; the engine releases the GIL, so parsing the next chunk overlaps it), calls
-``store.sync()`` and then records the chunk in the journal (:mod:`recflash.ingest.journal`).
-At most ``QUEUE_CHUNKS + 2`` chunks exist at once, so memory does not grow with the input.
+feature; the engine releases the GIL, so parsing the next chunk overlaps it). The store is
+opened in bulk-load mode (no WAL): a checkpoint — ``store.sync()``, which writes the buffered
+items into pages and commits the metadata, then the journal entry
+(:mod:`recflash.ingest.journal`) naming the last chunk written — follows every
+write buffer's worth of items (synced just before the buffer would fill: then the buffer goes
+to pages only at checkpoints; each checkpoint costs a few fsyncs) and the last chunk. At most ``QUEUE_CHUNKS + 2`` chunks exist at once and the
+store's buffer is bounded, so memory does not grow with the input.
 
 Keys: a ``--key`` column, or row numbers: the n-th written row of the job gets key
 ``key_start + n`` (bad lines that are skipped get no key). ``key_start`` is ``--key-offset``,
@@ -97,7 +101,9 @@ def _open_store(path: str, opts: ImportOptions):
     from recflash.reader import Store, StoreOptions
 
     wb = int(opts.write_buffer_mb * (1 << 20))
-    return Store.open(path, StoreOptions(page_size=opts.page_size, write_buffer_bytes=wb))
+    # Bulk-load mode: no WAL; each chunk's sync() writes it into pages and commits the
+    # metadata, which is what makes the chunk durable before the journal records it.
+    return Store.open(path, StoreOptions(page_size=opts.page_size, write_buffer_bytes=wb, bulk_load=True))
 
 
 class _Reader(threading.Thread):
@@ -203,17 +209,32 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         reader = _Reader(source, position)
         reader.start()
         write_s = 0.0
+        checkpoint_bytes = max(1, int(opts.write_buffer_mb * (1 << 20)))
+        pending: Optional[dict] = None  # journal state of the last chunk written, not yet durable
+        pending_bytes = 0
+
+        def checkpoint() -> float:
+            """Makes every chunk written so far durable, then records it; returns the seconds."""
+            nonlocal pending, pending_bytes
+            if pending is None:
+                return 0.0
+            t = time.perf_counter()
+            store.sync()
+            journal.save(pending)
+            pending, pending_bytes = None, 0
+            return time.perf_counter() - t
+
         try:
             while True:
                 kind, item = reader.get()
                 if kind == "error":
+                    checkpoint()  # keep the chunks before the bad input
                     raise item
                 if kind == "end":
                     break
                 chunk: Chunk = item
                 t0 = time.perf_counter()
-                written = _write_chunk(store, chunk, next_key)
-                store.sync()
+                written, chunk_bytes = _write_chunk(store, chunk, next_key)
                 write_s += time.perf_counter() - t0
                 if chunk.keys is None:
                     next_key += chunk.n_rows
@@ -222,8 +243,16 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                 for b in chunk.skipped:
                     if len(sample) < SAMPLE_BAD_LINES:
                         sample.append(b.as_dict())
-                journal.save(_state(identity, source, "running", chunk.position, key_start, next_key, rows_total,
-                                    skipped_total, sample))
+                # Fully written: this is where a resume may continue once it is durable.
+                pending = _state(identity, source, "running", chunk.position, key_start, next_key, rows_total,
+                                 skipped_total, sample)
+                pending_bytes += chunk_bytes
+                # Sync before the store's buffer would fill during the next chunk (chunks are of
+                # similar size): the buffer then goes to pages only at checkpoints, so what is
+                # durable is what the journal says (plus at most the group a crash cut short
+                # between sync and journal), and a resume rewrites little.
+                if pending_bytes + chunk_bytes >= checkpoint_bytes:
+                    write_s += checkpoint()
                 result.rows += chunk.n_rows
                 result.items += written
                 result.input_rows += chunk.rows_read
@@ -234,9 +263,11 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                     progress({"rows": result.rows, "rows_total": rows_total, "input_bytes": result.input_bytes,
                               "disk_done": chunk.disk_done, "skipped": result.bad_lines_skipped,
                               "items": result.items})
+            write_s += checkpoint()
         except KeyboardInterrupt:
             reader.stop.set()
             result.status = "interrupted"
+            checkpoint()  # the chunks written completely are kept (a partial one is redone on resume)
         finally:
             reader.stop.set()
         result.rows_total = rows_total
@@ -262,18 +293,20 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                 pass
 
 
-def _write_chunk(store, chunk: Chunk, next_key: int) -> int:
+def _write_chunk(store, chunk: Chunk, next_key: int) -> tuple[int, int]:
+    """Puts a chunk; returns (items, their approximate buffered bytes: 8 per key + values)."""
     if chunk.n_rows == 0:
-        return 0
+        return 0, 0
     keys = chunk.keys if chunk.keys is not None else np.arange(next_key, next_key + chunk.n_rows, dtype=np.uint64)
-    written = 0
+    written = nbytes = 0
     for name, col in chunk.columns.items():
         k = keys if col.valid is None else keys[col.valid]
         if len(k) == 0:
             continue
         store.put(name, k, col.values)
         written += len(k)
-    return written
+        nbytes += 8 * len(k) + int(getattr(col.values, "nbytes", 0))
+    return written, nbytes
 
 
 def _state(identity: dict, source: Source, status: str, position: Optional[dict], key_start: int, next_key: int,

@@ -2,9 +2,9 @@
 
 ``<store>/imports/<job id>.json``, one file per import job. The job id is a hash of what
 defines the job's output: the command, the input files (absolute paths), the options that
-change keys or values. After every chunk the importer calls ``store.sync()`` (the WAL is on
-disk) and *then* rewrites the journal (write to a temporary file, fsync, rename, fsync the
-directory). So the journal never claims rows the store might lose; rows the store holds
+change keys or values. At each checkpoint (about every write buffer's worth of items, and at
+the end) the importer calls ``store.sync()`` (the chunks written so far are in pages on disk) and
+*then* rewrites the journal (write to a temporary file, fsync, rename, fsync the directory). So the journal never claims rows the store might lose; rows the store holds
 beyond the journal's position (a crash between the two) are written again on resume with the
 same keys and values — puts are upserts by key, so nothing is duplicated.
 

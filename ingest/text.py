@@ -30,6 +30,11 @@ import pyarrow.csv as pcsv
 
 from recflash.ingest.errors import BadInputError, BadLine
 
+try:  # memchr over the block, without the GIL (bytearray.count took ~12 % of the reader's CPU)
+    from recflash._native import count_lines as _count_lines
+except ImportError:  # pragma: no cover
+    _count_lines = None
+
 MAX_LINE_BYTES = 64 << 20
 
 _CODECS = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
@@ -156,7 +161,8 @@ class TextFile:
                 if cut == 0:
                     have = end
                     continue
-                n_lines = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=cut) == 10))
+                view = memoryview(buf)[:cut]
+                n_lines = _count_lines(view) if _count_lines else buf.count(b"\n", 0, cut)
                 yield Block(memoryview(buf)[:cut], offset, line, n_lines, self.raw_position())
                 offset += cut
                 line += n_lines

@@ -39,6 +39,11 @@ class StoreOptions:
     accounting: bool = False
     #: fsync the WAL on every put/delete. Off: durability points are sync() and flush().
     sync_on_write: bool = False
+    #: Bulk-load mode (imports): puts and deletes skip the WAL; sync() and flush() write the
+    #: whole buffer into pages and commit the metadata (nothing pinned). A sync stays the
+    #: durability point, but each item is written once instead of twice. A crash loses the
+    #: puts since the last sync (as with sync_on_write off).
+    bulk_load: bool = False
     #: io_uring requests in flight per reader.
     queue_depth: int = 32
     #: Largest coalesced read of adjacent pages.

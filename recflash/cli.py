@@ -8,7 +8,13 @@ drive are registered at the bottom of this module: ``import`` and ``stats``
 
 from __future__ import annotations
 
-import json
+import os
+
+# The command does no linear algebra; OpenBLAS's idle worker threads would still spin for CPU
+# time that the import's parse and store threads need (set before numpy is first imported).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import json  # noqa: E402
 from pathlib import Path
 from typing import Annotated, Any
 

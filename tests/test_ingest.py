@@ -96,6 +96,54 @@ def test_hex_parse_matches_python():
     assert got.tolist() == [0xabcdef0123, -1, 0, 0x12345678, 0x7fffffffffffffff]
 
 
+def _source_columns(path, fast: bool, monkeypatch):
+    import recflash.ingest.sources as sources
+
+    if not fast:
+        monkeypatch.setattr(sources, "_parse_criteo_block", None)
+    src = sources.CriteoSource([str(path)], block_bytes=1 << 16)
+    src.prepare()
+    out = [(c.n_rows, c.rows_read, c.position, c.columns) for c in src.chunks(None) if c.n_rows]
+    monkeypatch.undo()
+    return out
+
+
+def test_fast_criteo_parser_matches_pyarrow(tmp_path, monkeypatch):
+    src = tmp_path / "c.tsv"
+    synthetic.write_criteo_tsv(src, 3000, seed=7)
+    lines = src.read_text().splitlines()
+    f = lines[5].split("\t")
+    f[1], f[2], f[14] = "-17", "007", f[14].upper()  # negative, leading zeros, upper-case hex
+    lines[5] = "\t".join(f)
+    lines[9] = "\t".join([""] * 40)  # every field empty
+    src.write_text("\n".join(lines))  # no newline after the last line
+    fast = _source_columns(src, True, monkeypatch)
+    slow = _source_columns(src, False, monkeypatch)
+    assert len(fast) == len(slow) > 1
+    for (n1, r1, p1, a), (n2, r2, p2, b) in zip(fast, slow):
+        assert (n1, r1, p1) == (n2, r2, p2)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert (a[k].valid is None) == (b[k].valid is None), k
+            if a[k].valid is not None:
+                assert a[k].valid.tolist() == b[k].valid.tolist(), k
+            assert a[k].values.dtype == b[k].values.dtype and a[k].values.tolist() == b[k].values.tolist(), k
+
+
+@pytest.mark.parametrize("odd", ["1\t+5", "1\t5\r", "\n", "1\t1234567890123456789", "41 fields", "39 fields",
+                                 "1\t\"5\""])
+def test_fast_criteo_parser_leaves_odd_blocks_to_pyarrow(odd):
+    from recflash._native import parse_criteo_block
+
+    good = "\t".join(["1", "5"] + [""] * 12 + ["68fd1e64"] + [""] * 25) + "\n"
+    assert parse_criteo_block(good.encode(), True) is not None
+    if odd.endswith(" fields"):
+        line = "\t" * (int(odd.split()[0]) - 1)
+    else:
+        line = odd + "\t" * (39 - odd.count("\t")) if odd != "\n" else odd
+    assert parse_criteo_block((good + line + "\n").encode(), True) is None
+
+
 @pytest.mark.parametrize("bad_value", ["1234567g", "12 45678", "-1234567", "0123456789abcdef0", "zz", "1234:678"])
 def test_hex_parse_flags_bad_values(bad_value):
     arr = pa.array(["0000abcd", bad_value, None, "ffffffff"])

@@ -104,7 +104,63 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   return true;
 }
 
-void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vector<SegmentSummary>* out) const {
+size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint8_t* values, size_t n) {
+  const uint32_t width = f.fixed_width();
+  if (n == 0) return 0;
+  if (width == 0) return Add(f, keys[0], values, 0, false) ? 1 : 0;  // not for variable-width values
+  const bool new_seg = segs_.empty() || segs_.back().fid != f.id;
+  // The segment as it would be after taking items [0, k): closed bytes before it plus its size.
+  uint32_t base = closed_bytes_;
+  uint32_t have = 0;  // items already in the segment
+  bool run = true;
+  uint32_t varint = 1;
+  uint64_t first = keys[0], prev = keys[0];
+  if (new_seg) {
+    if (!segs_.empty()) base += segs_.back().BodyBytes();
+  } else {
+    const Seg& s = segs_.back();
+    have = static_cast<uint32_t>(s.keys.size());
+    run = s.run;
+    varint = s.varint_bytes;
+    first = s.keys.front();
+    prev = s.keys.back();
+  }
+  // Size of the segment with cnt items (SegBytes for a tombstone-free fixed-width segment),
+  // inline: this loop runs once per item of a bulk load.
+  const uint32_t fixed = base + sizeof(SegDesc) + kSegBodyHeader + (ValueAlign(width) - 1);
+  size_t k = 0;
+  while (k < n) {
+    const uint64_t key = keys[k];
+    const uint32_t cnt = have + static_cast<uint32_t>(k) + 1;
+    const bool r = run && key == first + (cnt - 1);
+    const uint32_t vb = (have + k == 0) ? 1 : varint + VarintSize(key - prev);
+    const uint64_t kb = r ? 0 : (RawKeys(cnt, vb) ? 8ull * cnt : vb);  // as SegBytes
+    if (static_cast<uint64_t>(fixed) + kb + static_cast<uint64_t>(cnt) * width > page_size_) break;
+    run = r;
+    varint = vb;
+    prev = key;
+    k++;
+  }
+  if (k == 0) return 0;
+  if (new_seg) {
+    if (!segs_.empty()) closed_bytes_ += segs_.back().BodyBytes();
+    segs_.emplace_back();
+    Seg& s = segs_.back();
+    s.fid = f.id;
+    s.width = width;
+  }
+  Seg& s = segs_.back();
+  s.run = run;
+  s.varint_bytes = varint;
+  s.keys.insert(s.keys.end(), keys, keys + k);
+  s.tomb.resize(s.tomb.size() + k, 0);
+  s.values.insert(s.values.end(), values, values + k * width);
+  s.item_bytes += k * ItemBytes(width);
+  return k;
+}
+
+void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vector<SegmentSummary>* out,
+                         bool checksum) const {
   std::memset(buf, 0, page_size_);
   auto* h = reinterpret_cast<PageHeader*>(buf);
   h->magic = kPageMagic;
@@ -170,7 +226,7 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
     off += len;
   }
   h->used = off;
-  h->crc = crc32c::Value(buf + 8, page_size_ - 8);
+  if (checksum) h->crc = crc32c::Value(buf + 8, page_size_ - 8);
 }
 
 void StampPageId(uint8_t* buf, uint32_t page_size, uint32_t page_id) {

@@ -100,8 +100,16 @@ class PageBuilder {
   // Appends an item if it fits; returns false (and changes nothing) if the page is full.
   bool Add(const FeatureDef& f, uint64_t key, const uint8_t* value, uint32_t len, bool tomb);
 
-  // Serializes into `buf` (page_size bytes), stamping seq, page id and the checksum.
-  void Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vector<SegmentSummary>* out) const;
+  // Appends as many of n fixed-width, tombstone-free items (keys ascending, above any key of
+  // this feature already in the page; values packed, f.fixed_width() bytes each) as fit, and
+  // returns how many. The bulk form of Add: sizes are computed once per run instead of per
+  // item, and keys and values are copied with one memcpy each.
+  size_t AddRun(const FeatureDef& f, const uint64_t* keys, const uint8_t* values, size_t n);
+
+  // Serializes into `buf` (page_size bytes), stamping seq, page id and — unless the caller
+  // stamps the page later (StampPageId, which checksums again) — the checksum.
+  void Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vector<SegmentSummary>* out,
+              bool checksum = true) const;
 
   uint32_t used_bytes() const;
 

@@ -177,7 +177,16 @@ bool TakeVec(const char** p, const char* end, size_t n, std::vector<T>* v) {
 }
 }  // namespace
 
+// Layout: u8 mode (0 keys, 1 dense run, 2 deferred) | u8 track_lens | u64 base (deferred: max
+// key) | u64 n (deferred: items) | keys (mode 0) | locs | lens (when tracked).
 void KeyIndex::Serialize(std::string* out) const {
+  if (deferred_) {
+    Put<uint8_t>(out, 2);
+    Put<uint8_t>(out, track_lens_ ? 1 : 0);
+    Put<uint64_t>(out, deferred_max_);
+    Put<uint64_t>(out, deferred_items_);
+    return;
+  }
   Put<uint8_t>(out, dense_ ? 1 : 0);
   Put<uint8_t>(out, track_lens_ ? 1 : 0);
   Put<uint64_t>(out, base_);
@@ -191,6 +200,19 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
   uint8_t dense, track;
   uint64_t n;
   if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base_) || !Take(p, end, &n)) return false;
+  if (dense == 2) {
+    deferred_ = true;
+    deferred_max_ = base_;
+    deferred_items_ = n;
+    track_lens_ = track != 0;
+    base_ = 0;
+    dense_ = true;
+    keys_.clear();
+    locs_.clear();
+    lens_.clear();
+    return true;
+  }
+  deferred_ = false;
   dense_ = dense != 0;
   track_lens_ = track != 0;
   keys_.clear();

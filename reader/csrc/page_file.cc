@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace recflash {
@@ -33,6 +34,26 @@ Status PageFile::SlotCount(uint64_t* n) const {
   struct stat st;
   if (::fstat(fd_, &st) != 0) return Status::FromErrno("fstat", path_, errno);
   *n = static_cast<uint64_t>(st.st_size) / page_size_;
+  return Status::OK();
+}
+
+Status PageFile::Reserve(uint64_t slots) {
+  if (slots <= reserved_slots_ || no_fallocate_) return Status::OK();
+  uint64_t have = 0;
+  RF_RETURN_IF_ERROR(SlotCount(&have));
+  reserved_slots_ = have;
+  if (slots <= have) return Status::OK();
+  const uint64_t ps = page_size_;
+  const uint64_t step = std::clamp<uint64_t>(have * ps / 4, 1ull << 20, 256ull << 20) / ps;
+  const uint64_t target = std::max(slots, have + std::max<uint64_t>(step, 1));
+  if (::fallocate(fd_, 0, static_cast<off_t>(have * ps), static_cast<off_t>((target - have) * ps)) != 0) {
+    if (errno == EOPNOTSUPP) {  // e.g. tmpfs without it: plain extending writes still work
+      no_fallocate_ = true;
+      return Status::OK();
+    }
+    return Status::FromErrno("fallocate", path_, errno);
+  }
+  reserved_slots_ = target;
   return Status::OK();
 }
 

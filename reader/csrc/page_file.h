@@ -23,6 +23,13 @@ class PageFile {
   bool direct() const { return direct_; }
   // Number of page slots the file currently spans.
   Status SlotCount(uint64_t* n) const;
+  // Makes sure the file spans at least `slots` pages, allocating ahead (fallocate) in steps
+  // of a quarter of its size (1 MiB .. 256 MiB). Why: an O_DIRECT write past the end of the
+  // file, or into a hole, takes ext4's inode lock exclusively, so the writes of one flush
+  // that io_uring has in flight queue up on it (measured: ~6 % of an import's CPU time spent
+  // by io_uring workers spinning on that lock); a write into allocated space takes it shared.
+  // Slots allocated ahead and not yet written are free slots, also after a crash.
+  Status Reserve(uint64_t slots);
   // Releases the space of pages [first, first + count) (the file analogue of TRIM).
   Status Punch(uint32_t first, uint32_t count);
   Status Sync();
@@ -30,6 +37,8 @@ class PageFile {
  private:
   int fd_ = -1;
   bool direct_ = false;
+  uint64_t reserved_slots_ = 0;  // the file spans at least this many pages
+  bool no_fallocate_ = false;   // the filesystem lacks fallocate: do not retry
   uint32_t page_size_ = 0;
   std::string path_;
 };

@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +71,32 @@ std::string EncodeBatch(uint8_t op, uint32_t fid, const uint64_t* keys, size_t n
     }
   }
   return p;
+}
+
+// The same payload as EncodeBatch, as pieces pointing at the caller's arrays (no copy).
+void BatchParts(uint8_t op, uint32_t fid, const uint64_t* keys, size_t n, uint32_t width, const uint8_t* values,
+                const int64_t* offsets, uint8_t header[13], std::vector<uint32_t>* lens, std::vector<iovec>* parts,
+                size_t* bytes) {
+  const uint32_t n32 = static_cast<uint32_t>(n);
+  header[0] = op;
+  std::memcpy(header + 1, &fid, 4);
+  std::memcpy(header + 5, &n32, 4);
+  std::memcpy(header + 9, &width, 4);
+  parts->clear();
+  parts->push_back({header, 13});
+  parts->push_back({const_cast<uint64_t*>(keys), n * 8});
+  if (op == kOpPut) {
+    if (width) {
+      parts->push_back({const_cast<uint8_t*>(values), n * width});
+    } else {
+      lens->resize(n);
+      for (size_t i = 0; i < n; i++) (*lens)[i] = static_cast<uint32_t>(offsets[i + 1] - offsets[i]);
+      parts->push_back({lens->data(), n * 4});
+      parts->push_back({const_cast<uint8_t*>(values) + offsets[0], static_cast<size_t>(offsets[n] - offsets[0])});
+    }
+  }
+  *bytes = 0;
+  for (const iovec& v : *parts) *bytes += v.iov_len;
 }
 
 // Buffered items of one feature re-encoded as WAL payloads (puts and deletes separately).
@@ -154,7 +181,12 @@ void* HugeAllocate(size_t bytes) {
 // Internal types
 
 struct Store::WriteOp {
-  std::string payload;  // WAL payload
+  // WAL payload, written from the caller's buffers: header (op, fid, n, width), keys,
+  // (variable-width puts) u32 lengths, values. Empty in bulk-load mode.
+  uint8_t header[13];
+  std::vector<uint32_t> lens;
+  std::vector<iovec> parts;
+  size_t payload_bytes = 0;
   uint32_t fid = 0;
   const uint64_t* keys = nullptr;
   size_t n = 0;
@@ -331,6 +363,9 @@ Status Store::Recover() {
     RF_RETURN_IF_ERROR(SyncDir(path_));
   }
   if (!opened_from_checkpoint_) RF_RETURN_IF_ERROR(RebuildFromPages());
+  // A feature with nothing stored starts deferred (see KeyIndex).
+  for (FeatureState* f : features_.All())
+    if (f->pages.empty() && f->index.size() == 0 && !o_.accounting) f->index.Defer();
 
   uint64_t max_no = 0;
   RF_RETURN_IF_ERROR(ReplayWal(&max_no));
@@ -352,11 +387,66 @@ Status Store::RebuildFromPages() {
     uint32_t len;
     bool tomb;
   };
-  std::vector<std::vector<R>> recs(features_.All().empty() ? 0 : features_.All().back()->def.id + 1);
+  const size_t nfid = features_.All().empty() ? 0 : features_.All().back()->def.id + 1;
+  std::vector<std::vector<R>> recs(nfid);
   std::vector<uint32_t> live;
   for (uint32_t p = 0; p < pages_.slots(); p++)
     if (pages_.at(p).live) live.push_back(p);
   const uint32_t ps = o_.page_size;
+
+  // A fixed-width feature whose live segments hold pairwise disjoint key ranges and no
+  // tombstones has exactly one version of each key, all valid: its state follows from the
+  // page records alone and its index stays deferred (see KeyIndex). So reopening after a
+  // crash in the middle of a bulk load reads no pages and builds no per-key index for it.
+  std::vector<uint8_t> deferred(nfid, 0);
+  std::vector<uint32_t> live_read;  // pages holding a segment of a feature that is not deferred
+  if (!o_.accounting) {
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(nfid);
+    std::vector<uint8_t> ok(nfid, 1);
+    for (uint32_t pid : live)
+      for (const auto& sm : pages_.at(pid).segs) {
+        if (sm.retired) continue;
+        if (sm.tombs) ok[sm.fid] = 0;
+        ranges[sm.fid].emplace_back(sm.min_key, sm.max_key);
+      }
+    for (uint32_t fid = 0; fid < nfid; fid++) {
+      FeatureState* f = features_.Get(fid);
+      if (!f || !ok[fid] || f->def.fixed_width() == 0) continue;
+      auto& r = ranges[fid];
+      std::sort(r.begin(), r.end());
+      bool disjoint = true;
+      for (size_t i = 1; i < r.size() && disjoint; i++) disjoint = r[i].first > r[i - 1].second;
+      if (!disjoint) continue;
+      deferred[fid] = 1;
+      f->index.Defer();
+      std::vector<std::pair<uint64_t, uint64_t>>().swap(r);
+    }
+    std::vector<uint32_t> to_read;
+    std::vector<uint64_t> max_key(nfid, 0);
+    for (uint32_t pid : live) {
+      PageMeta& pm = pages_.at(pid);
+      bool read = false;
+      for (auto& sm : pm.segs) {
+        if (sm.retired) continue;
+        if (!deferred[sm.fid]) {
+          read = true;
+          continue;
+        }
+        FeatureState* f = features_.Get(sm.fid);
+        const uint64_t b = static_cast<uint64_t>(sm.count) * ItemBytes(f->def.fixed_width());
+        sm.valid = sm.count;
+        sm.valid_bytes = b;
+        f->live_items += sm.count;
+        f->live_bytes += b;
+        max_key[sm.fid] = std::max(max_key[sm.fid], sm.max_key);
+        f->index.AppendDeferred(sm.count, max_key[sm.fid]);
+      }
+      if (read) to_read.push_back(pid);
+    }
+    live_read.swap(to_read);
+  } else {
+    live_read = live;
+  }
   std::vector<uint64_t> keys;
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     PageMeta& pm = pages_.at(pid);
@@ -364,7 +454,7 @@ Status Store::RebuildFromPages() {
       return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' has seq " +
                                 std::to_string(pv.seq()) + " but the metadata expects " + std::to_string(pm.seq));
     for (auto& sm : pm.segs) {
-      if (sm.retired) continue;
+      if (sm.retired || deferred[sm.fid]) continue;
       SegmentView sv;
       if (!pv.Find(sm.fid, &sv) || sv.count != sm.count)
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
@@ -384,10 +474,10 @@ Status Store::RebuildFromPages() {
     }
     return Status::OK();
   };
-  if (!live.empty()) {
-    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), live, cb));
-    pages_read_ += live.size();
-    bytes_read_ += static_cast<uint64_t>(live.size()) * ps;
+  if (!live_read.empty()) {
+    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), live_read, cb));
+    pages_read_ += live_read.size();
+    bytes_read_ += static_cast<uint64_t>(live_read.size()) * ps;
   }
   // Highest seq wins per key.
   for (uint32_t fid = 0; fid < recs.size(); fid++) {
@@ -681,6 +771,7 @@ Status Store::CreateFeature(const std::string& name, const std::string& type, Fe
     std::lock_guard<std::mutex> l(mu_);
     FeatureState* f = features_.Add(d);
     f->index.track_lengths(d.variable());
+    if (!o_.accounting) f->index.Defer();  // accounting mode has no pages to materialize from
     defs_[name] = d;
   }
   *out = d;
@@ -732,7 +823,8 @@ Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, co
     }
   }
   WriteOp w;
-  w.payload = EncodeBatch(kOpPut, def.id, keys, n, width, values, offsets);
+  if (!o_.bulk_load && !o_.accounting)
+    BatchParts(kOpPut, def.id, keys, n, width, values, offsets, w.header, &w.lens, &w.parts, &w.payload_bytes);
   w.fid = def.id;
   w.keys = keys;
   w.n = n;
@@ -748,7 +840,9 @@ Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n)
   RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
   if (n == 0) return Status::OK();
   WriteOp w;
-  w.payload = EncodeBatch(kOpDelete, def.id, keys, n, def.fixed_width(), nullptr, nullptr);
+  if (!o_.bulk_load && !o_.accounting)
+    BatchParts(kOpDelete, def.id, keys, n, def.fixed_width(), nullptr, nullptr, w.header, &w.lens, &w.parts,
+               &w.payload_bytes);
   w.fid = def.id;
   w.keys = keys;
   w.n = n;
@@ -766,9 +860,9 @@ Status Store::Write(WriteOp* w) {
   std::vector<WriteOp*> group;
   size_t bytes = 0;
   for (WriteOp* x : writers_) {
-    if (!group.empty() && bytes + x->payload.size() > (8u << 20)) break;
+    if (!group.empty() && bytes + x->payload_bytes > (8u << 20)) break;
     group.push_back(x);
-    bytes += x->payload.size();
+    bytes += x->payload_bytes;
   }
   ql.unlock();
 
@@ -777,12 +871,13 @@ Status Store::Write(WriteOp* w) {
     std::lock_guard<std::mutex> wl(write_mu_);
     s = closed_ ? Status::Closed("store '" + path_ + "' is closed") : bg_error_;
     bool sync = o_.sync_on_write;
+    const bool logged = !o_.accounting && !o_.bulk_load;
     for (WriteOp* x : group) {
-      if (!s.ok() || o_.accounting) break;
-      s = wal_.Append(kWalBatch, x->payload);
+      if (!s.ok() || !logged) break;
+      s = wal_.AppendParts(kWalBatch, x->parts.data(), x->parts.size());
       sync = sync || x->sync;
     }
-    if (s.ok() && sync && !o_.accounting) s = wal_.Sync();
+    if (s.ok() && sync && logged) s = wal_.Sync();
     if (s.ok()) {
       std::lock_guard<std::mutex> l(mu_);
       for (WriteOp* x : group)
@@ -794,7 +889,7 @@ Status Store::Write(WriteOp* w) {
         std::lock_guard<std::mutex> l(mu_);
         buffered = buffer_.bytes();
       }
-      if (buffered >= o_.write_buffer_bytes) s = FlushLocked(false);
+      if (buffered >= o_.write_buffer_bytes) s = FlushLocked(o_.bulk_load);
     }
   }
 
@@ -813,13 +908,16 @@ Status Store::Sync() {
   RF_RETURN_IF_ERROR(CheckOpen());
   std::lock_guard<std::mutex> wl(write_mu_);
   RF_RETURN_IF_ERROR(bg_error_);
+  // Bulk-load mode has no log to sync: the buffer itself goes to pages.
+  if (o_.bulk_load) return FlushLocked(true);
   return wal_.Sync();
 }
 
 Status Store::Flush(bool force) {
   RF_RETURN_IF_ERROR(CheckOpen());
   std::lock_guard<std::mutex> wl(write_mu_);
-  return FlushLocked(force);
+  // Bulk-load mode never pins: unlogged items held back would not be durable after flush().
+  return FlushLocked(force || o_.bulk_load);
 }
 
 Status Store::FlushLocked(bool force) {
@@ -844,10 +942,12 @@ Status Store::FlushLocked(bool force) {
   if (write_fids.empty()) return Status::OK();
 
   // Start a new WAL file holding only what stays pinned; once this flush commits, the older
-  // files are obsolete.
-  const uint64_t new_wal = wal_number_ + 1;
-  if (!o_.accounting) s = wal_.Open(WalFileName(wal_dir_, new_wal));
-  if (s.ok() && !o_.accounting) {
+  // files are obsolete. In bulk-load mode nothing is logged: while the open file is empty and
+  // the only live one, there is nothing to rotate away.
+  const bool rotate = !o_.accounting && !(o_.bulk_load && wal_.file_bytes() == 0 && pstate_.wal_start == wal_number_);
+  const uint64_t new_wal = rotate ? wal_number_ + 1 : wal_number_;
+  if (rotate) s = wal_.Open(WalFileName(wal_dir_, new_wal));
+  if (s.ok() && rotate) {
     for (uint32_t fid : pinned) {
       std::vector<std::string> payloads;
       EncodeBuffered(fid, features_.Get(fid)->def.fixed_width(), buffer_.find(fid)->items(), &payloads);
@@ -862,10 +962,28 @@ Status Store::FlushLocked(bool force) {
 
   // Items are written grouped by feature, ascending keys. The buffer is not modified until
   // the new version is installed (no writer runs: we hold write_mu_), so records point into it.
+  // A feature whose index is deferred and whose buffered items are all puts above its stored
+  // keys is an append: its items go to pages straight from the buffer (no per-item record, no
+  // index lookup) and the index stays deferred. Everything else takes the general path.
+  std::vector<AppendRun> runs;
   std::vector<Rec> recs;
   for (uint32_t fid : write_fids) {
     FeatureState* f = features_.Get(fid);
     const BufferedItems& b = buffer_.find(fid)->items();
+    f->touched = true;
+    if (f->index.deferred() && IsAppend(f, b)) {
+      uint64_t bytes = 0;
+      if (f->def.fixed_width()) {
+        bytes = b.size() * ItemBytes(f->def.fixed_width());
+      } else {
+        for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.len[i]);
+      }
+      pstate_.user_bytes_written += bytes;
+      runs.push_back({fid, &b, bytes});
+      continue;
+    }
+    s = MaterializeIndexLocked(f);
+    if (!s.ok()) return bg_error_ = s;
     size_t hint = 0;
     for (size_t i = 0; i < b.size(); i++) {
       const int64_t pos = f->index.FindFrom(b.keys[i], &hint);
@@ -874,11 +992,10 @@ Status Store::FlushLocked(bool force) {
       if (b.tomb[i] && pos != KeyIndex::kAbsent && (f->index.loc(pos) & KeyIndex::kTomb)) continue;  // already deleted
       recs.push_back({fid, b.keys[i], b.tomb[i] != 0, b.value(i), b.len[i], pos});
     }
-    f->touched = true;
   }
   std::set<uint32_t> dirty, freed;
   uint64_t pw = 0;
-  s = WriteRecordsLocked(recs, &dirty, &freed, &pw);
+  s = WriteRecordsLocked(runs, recs, &dirty, &freed, &pw);
   flush_pages_written_ += pw;
   if (s.ok()) {
     pstate_.wal_start = new_wal;
@@ -898,7 +1015,7 @@ Status Store::FlushLocked(bool force) {
     for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
   }
   std::vector<uint64_t> numbers;
-  if (!o_.accounting && ListWalFiles(wal_dir_, &numbers).ok())
+  if (rotate && ListWalFiles(wal_dir_, &numbers).ok())
     for (uint64_t no : numbers)
       if (no < new_wal) ::unlink(WalFileName(wal_dir_, no).c_str());
   flushes_++;
@@ -938,10 +1055,70 @@ void Store::InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* di
   }
 }
 
-Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed,
-                                 uint64_t* pages_written) {
+bool Store::IsAppend(const FeatureState* f, const BufferedItems& b) {
+  if (b.size() == 0) return false;
+  if (std::memchr(b.tomb.data(), 1, b.tomb.size()) != nullptr) return false;
+  uint64_t last;
+  if (f->index.LastKey(&last) && b.keys.front() <= last) return false;
+  const uint32_t w = f->def.fixed_width();
+  // Fixed-width values are packed in key order (see FeatureBuffer): value i at i * width.
+  return w == 0 || (b.arena.size() == b.size() * w && b.off.back() == (b.size() - 1) * w);
+}
+
+Status Store::MaterializeIndexLocked(FeatureState* f) {
+  if (!f->index.deferred()) return Status::OK();
+  // Every record of the feature's live segments is current (see KeyIndex): read them all.
+  struct R {
+    uint64_t key;
+    uint32_t pid;
+    uint32_t len;
+  };
+  std::vector<R> recs;
+  recs.reserve(f->index.deferred_items());
+  std::vector<uint32_t> pids = f->pages;
+  std::sort(pids.begin(), pids.end());
+  std::vector<uint64_t> keys;
+  const FeatureDef& def = f->def;
+  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    SegmentView sv;
+    if (!pv.Find(def.id, &sv))
+      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                "' lacks the segment of feature '" + def.name + "' that the page table names");
+    sv.width = def.fixed_width();
+    keys.resize(sv.count);
+    sv.DecodeKeys(keys.data());
+    for (uint32_t i = 0; i < sv.count; i++) {
+      const uint8_t* v;
+      uint32_t len;
+      sv.Value(i, &v, &len);
+      recs.push_back({keys[i], pid, len});
+    }
+    return Status::OK();
+  };
+  if (!pids.empty()) {
+    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), pids, cb));
+    pages_read_ += pids.size();
+    bytes_read_ += pids.size() * static_cast<uint64_t>(o_.page_size);
+  }
+  std::sort(recs.begin(), recs.end(), [](const R& a, const R& b) { return a.key < b.key; });
+  std::vector<uint64_t> k(recs.size());
+  std::vector<uint32_t> l(recs.size()), n(recs.size());
+  for (size_t i = 0; i < recs.size(); i++) {
+    k[i] = recs[i].key;
+    l[i] = recs[i].pid;
+    n[i] = recs[i].len;
+  }
+  std::vector<R>().swap(recs);
+  std::lock_guard<std::mutex> index_lock(mu_);  // get() reads the key index under mu_
+  f->index.Undefer();
+  f->index.InsertNew(k, l, n);
+  return Status::OK();
+}
+
+Status Store::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector<Rec>& recs,
+                                 std::set<uint32_t>* dirty, std::set<uint32_t>* freed, uint64_t* pages_written) {
   *pages_written = 0;
-  if (recs.empty()) return Status::OK();
+  if (recs.empty() && runs.empty()) return Status::OK();
   const uint32_t ps = o_.page_size;
   constexpr uint32_t kBlockPages = 32;
   std::vector<AlignedBuffer>& blocks = write_blocks_;  // reused across flushes: no faults
@@ -960,17 +1137,35 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
       blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
     summaries.emplace_back();
     seqs.push_back(pstate_.next_seq++);
-    pb.Finish(page_ptr(i), seqs.back(), 0, &summaries.back());
+    // No checksum yet: StampPageId computes it once the page id is known.
+    pb.Finish(page_ptr(i), seqs.back(), 0, &summaries.back(), false);
     pb.Reset();
   };
+  auto too_large = [](const FeatureDef& def, uint64_t key) {
+    return Status::TooLarge("feature '" + def.name + "': the value of key " + std::to_string(key) +
+                            " does not fit in a page");
+  };
+  for (const AppendRun& run : runs) {
+    const FeatureDef& def = features_.Get(run.fid)->def;
+    const BufferedItems& b = *run.items;
+    const uint32_t w = def.fixed_width();
+    for (size_t i = 0; i < b.size();) {
+      const size_t k = w ? pb.AddRun(def, &b.keys[i], b.arena.data() + i * w, b.size() - i)
+                         : (pb.Add(def, b.keys[i], b.value(i), b.len[i], false) ? 1 : 0);
+      if (k == 0) {
+        if (pb.empty()) return too_large(def, b.keys[i]);
+        finish();
+        continue;
+      }
+      i += k;
+    }
+  }
   for (size_t r = 0; r < recs.size(); r++) {
     const Rec& x = recs[r];
     const FeatureDef& def = features_.Get(x.fid)->def;
     if (!pb.Add(def, x.key, x.value, x.len, x.tomb)) {
       finish();
-      if (!pb.Add(def, x.key, x.value, x.len, x.tomb))
-        return Status::TooLarge("feature '" + def.name + "': the value of key " + std::to_string(x.key) +
-                                " does not fit in a page");
+      if (!pb.Add(def, x.key, x.value, x.len, x.tomb)) return too_large(def, x.key);
     }
     rec_page[r] = static_cast<uint32_t>(summaries.size());
   }
@@ -983,6 +1178,15 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
 
   // The pages are durable: update the tables (committed to RocksDB by the caller).
   UpdateTablesLocked(recs, rec_page, ids, summaries, seqs, dirty, freed);
+  if (!runs.empty()) {
+    std::lock_guard<std::mutex> index_lock(mu_);
+    for (const AppendRun& run : runs) {
+      FeatureState* f = features_.Get(run.fid);
+      f->live_items += run.items->size();
+      f->live_bytes += run.bytes;
+      f->index.AppendDeferred(run.items->size(), run.items->keys.back());
+    }
+  }
   return Status::OK();
 }
 
@@ -992,6 +1196,7 @@ Status Store::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& 
   constexpr uint32_t kBlockPages = 32;
   const size_t npages = ids.size();
   for (size_t i = 0; i < npages; i++) StampPageId(page_ptr(i), ps, ids[i]);
+  if (npages) RF_RETURN_IF_ERROR(file_.Reserve(static_cast<uint64_t>(*std::max_element(ids.begin(), ids.end())) + 1));
   // Runs of consecutive ids within one block go out as one write.
   std::vector<PageRun> runs;
   std::vector<const uint8_t*> src;
@@ -1114,6 +1319,15 @@ std::shared_ptr<const Version> Store::BuildVersion(uint64_t number) {
   return v;
 }
 
+uint32_t Store::DeferredPage(const Version& v, uint32_t fid, uint64_t key) {
+  if (fid >= v.features.size() || !v.features[fid]) return UINT32_MAX;
+  const std::vector<PageRef>& refs = *v.features[fid];  // sorted by min_key, disjoint
+  auto it = std::upper_bound(refs.begin(), refs.end(), key, [](uint64_t k, const PageRef& r) { return k < r.min_key; });
+  if (it == refs.begin()) return UINT32_MAX;
+  --it;
+  return key <= it->max_key ? it->page : UINT32_MAX;
+}
+
 // ---------------------------------------------------------------------------------------
 // Merger and reclamation
 
@@ -1163,6 +1377,14 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   for (const auto& t : tasks) want[t.page].push_back(t.fid);
   std::vector<uint32_t> pids;
   for (const auto& [p, f] : want) pids.push_back(p);
+  // Moving records needs each key's current location: materialize deferred indexes first.
+  for (const auto& [pid, wf] : want) {
+    const bool all = std::find(wf.begin(), wf.end(), MoveTask::kAllFeatures) != wf.end();
+    for (const auto& sm : pages_.at(pid).segs) {
+      if (sm.retired || (!all && std::find(wf.begin(), wf.end(), sm.fid) == wf.end())) continue;
+      RF_RETURN_IF_ERROR(MaterializeIndexLocked(features_.Get(sm.fid)));
+    }
+  }
 
   struct Moved {
     uint32_t fid;
@@ -1267,7 +1489,7 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   }
   std::set<uint32_t> dirty, freed;
   uint64_t pw = 0;
-  RF_RETURN_IF_ERROR(WriteRecordsLocked(recs, &dirty, &freed, &pw));
+  RF_RETURN_IF_ERROR(WriteRecordsLocked({}, recs, &dirty, &freed, &pw));
   std::unique_lock<std::mutex> index_lock(mu_);
   index_ahead_ = true;
   for (auto& [fid, positions] : drop) {
@@ -1847,6 +2069,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   // version are read under mu_: the writer mutates the index under mu_ too, and a page the
   // index names stays readable while this reader is registered (pending-free rule).
   std::unordered_map<uint32_t, std::vector<uint32_t>> want;  // page -> positions in uk
+  bool deferred = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
@@ -1868,9 +2091,15 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
       }
     }
     const FeatureState* f = features_.Get(def.id);
+    deferred = f->index.deferred();
     size_t hint = 0;
     for (size_t i = 0; i < uk.size(); i++) {
       if (best[i].src == 1) continue;
+      if (deferred) {  // the one segment whose key range holds the key, if any (see KeyIndex)
+        const uint32_t pid = DeferredPage(*v, def.id, uk[i]);
+        if (pid != UINT32_MAX) want[pid].push_back(static_cast<uint32_t>(i));
+        continue;
+      }
       const int64_t pos = f->index.FindFrom(uk[i], &hint);
       if (pos == KeyIndex::kAbsent) continue;
       const uint32_t loc = f->index.loc(static_cast<size_t>(pos));
@@ -1895,6 +2124,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
     sv.DecodeKeys(tmp.data());
     for (uint32_t u : want[pid]) {
       auto f = std::lower_bound(tmp.begin(), tmp.end(), uk[u]);
+      if ((f == tmp.end() || *f != uk[u]) && deferred) continue;  // a gap in the segment's range: absent
       if (f == tmp.end() || *f != uk[u])
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks key " +
                                   std::to_string(uk[u]) + " of feature '" + def.name + "' that the key index names");
@@ -1988,12 +2218,18 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
   *st = GatherStats();
   st->rows = n;
   std::shared_ptr<const Version> v;
+  bool deferred = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
     FeatureBuffer* fb = buffer_.find(def.id);
     if (fb) fb->Normalize();
     const FeatureState* f = features_.Get(def.id);
+    deferred = f->index.deferred();
+    auto not_stored = [&](uint64_t id) {
+      return Status::InvalidArgument("row " + std::to_string(id) + " is not in table '" + name + "' (" +
+                                     std::to_string(f->live_items) + " rows stored)");
+    };
     size_t hint = 0, j = 0;
     for (size_t i = 0; i < n; i++) {
       if (fb) {
@@ -2006,10 +2242,14 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
           continue;
         }
       }
+      if (deferred) {  // the one segment whose key range holds the row (checked on read)
+        loc[i] = DeferredPage(*current_, def.id, ids[i]);
+        if (loc[i] == UINT32_MAX) return not_stored(ids[i]);
+        continue;
+      }
       const int64_t pos = f->index.FindFrom(ids[i], &hint);
       if (pos == KeyIndex::kAbsent || (f->index.loc(static_cast<size_t>(pos)) & KeyIndex::kTomb))
-        return Status::InvalidArgument("row " + std::to_string(ids[i]) + " is not in table '" + name + "' (" +
-                                       std::to_string(f->live_items) + " rows stored)");
+        return not_stored(ids[i]);
       loc[i] = f->index.loc(static_cast<size_t>(pos));
     }
     v = current_;
@@ -2095,6 +2335,8 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
       for (; cursor < by_page.size() && by_page[cursor].first == pid; cursor++) {
         const uint32_t i = by_page[cursor].second;
         auto f = std::lower_bound(keys.begin(), keys.end(), ids[i]);
+        if ((f == keys.end() || *f != ids[i]) && deferred)
+          return Status::InvalidArgument("row " + std::to_string(ids[i]) + " is not in table '" + name + "'");
         if (f == keys.end() || *f != ids[i])
           return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks row " +
                                     std::to_string(ids[i]) + " of '" + name + "' that the key index names");

@@ -46,6 +46,12 @@ struct StoreOptions {
   uint64_t write_buffer_bytes = 64ull << 20;
   bool direct_io = true;                  // O_DIRECT page file
   bool sync_on_write = false;             // fsync the WAL on every put/delete
+  // Bulk-load mode (imports). Puts and deletes are not logged: sync() and flush() write the
+  // whole buffer into pages and commit the metadata (nothing stays pinned), so a sync is the
+  // durability point exactly as with the WAL, but every item reaches the device once instead
+  // of twice and the put path copies values once. A crash loses what was put since the last
+  // sync, as with the WAL and sync_on_write off; an importer resumes from its last sync.
+  bool bulk_load = false;
   unsigned queue_depth = 32;              // io_uring requests in flight
   // Accounting mode: the same flush, pinner, merger and reclamation decide the same layout,
   // but pages are not written (nor the WAL, nor the metadata), merges find their records
@@ -175,6 +181,12 @@ class Store {
  private:
   struct WriteOp;
   struct Rec;
+  // A flush's append to a deferred-index feature: its buffered items, written as they are.
+  struct AppendRun {
+    uint32_t fid;
+    const BufferedItems* items;
+    uint64_t bytes;  // logical bytes (8 + value per item)
+  };
   class ReaderGuard;
 
   explicit Store(const StoreOptions& o);
@@ -194,8 +206,13 @@ class Store {
   Status RewriteLocked(const std::vector<MoveTask>& tasks, bool merge);
   // Packs records (grouped by feature, ascending keys) into pages, writes them durably and
   // updates the tables; fills `dirty`/`freed` for the commit.
-  Status WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed,
-                            uint64_t* pages_written);
+  // Appends (runs) come first, then the records.
+  Status WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector<Rec>& recs, std::set<uint32_t>* dirty,
+                            std::set<uint32_t>* freed, uint64_t* pages_written);
+  // Whether the buffered items only append to the feature (puts above every stored key).
+  static bool IsAppend(const FeatureState* f, const BufferedItems& b);
+  // Builds the key index of a deferred feature by reading its pages (see KeyIndex).
+  Status MaterializeIndexLocked(FeatureState* f);
   void InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed);
   template <typename PagePtr>
   Status WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr);
@@ -206,6 +223,8 @@ class Store {
   void InstallLocked(const std::set<uint32_t>& freed);
   void ReleasePendingLocked();
   std::shared_ptr<const Version> BuildVersion(uint64_t number);
+  // Deferred index: the page whose segment's key range holds `key`, or UINT32_MAX.
+  static uint32_t DeferredPage(const Version& v, uint32_t fid, uint64_t key);
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <climits>
 #include <cstring>
 
 #include "reader/csrc/crc32c.h"
@@ -18,6 +19,7 @@ WalWriter::~WalWriter() { Close(); }
 Status WalWriter::Open(const std::string& path) {
   Close();
   path_ = path;
+  file_bytes_ = 0;
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) return Status::FromErrno("open", path, errno);
   return Status::OK();
@@ -29,26 +31,48 @@ void WalWriter::Close() {
 }
 
 Status WalWriter::Append(uint8_t type, const std::string& payload) {
-  std::string rec(9, '\0');
-  const uint32_t len = static_cast<uint32_t>(payload.size());
-  rec[8] = static_cast<char>(type);
-  uint32_t crc = crc32c::Extend(crc32c::Value(&rec[8], 1), payload.data(), payload.size());
-  std::memcpy(&rec[0], &crc, 4);
-  std::memcpy(&rec[4], &len, 4);
-  rec += payload;
-  const char* p = rec.data();
-  size_t n = rec.size();
-  while (n > 0) {
-    ssize_t w = ::write(fd_, p, n);
+  iovec part{const_cast<char*>(payload.data()), payload.size()};
+  return AppendParts(type, &part, 1);
+}
+
+Status WalWriter::AppendParts(uint8_t type, const iovec* parts, size_t nparts) {
+  uint8_t hdr[9];
+  uint64_t len = 0;
+  uint32_t crc = crc32c::Value(&type, 1);
+  for (size_t i = 0; i < nparts; i++) {
+    len += parts[i].iov_len;
+    crc = crc32c::Extend(crc, static_cast<const char*>(parts[i].iov_base), parts[i].iov_len);
+  }
+  if (len > UINT32_MAX) return Status::InvalidArgument("WAL record of " + std::to_string(len) + " bytes for '" + path_ + "' exceeds 4 GiB");
+  const uint32_t len32 = static_cast<uint32_t>(len);
+  std::memcpy(hdr, &crc, 4);
+  std::memcpy(hdr + 4, &len32, 4);
+  hdr[8] = type;
+  std::vector<iovec> iov;
+  iov.reserve(nparts + 1);
+  iov.push_back({hdr, sizeof hdr});
+  for (size_t i = 0; i < nparts; i++)
+    if (parts[i].iov_len) iov.push_back(parts[i]);
+  // writev may stop early (signals, huge records): advance through the vector and retry.
+  size_t first = 0;
+  while (first < iov.size()) {
+    const int cnt = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
+    ssize_t w = ::writev(fd_, iov.data() + first, cnt);
     if (w < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno("write", path_, errno);
     }
-    p += w;
-    n -= static_cast<size_t>(w);
+    size_t left = static_cast<size_t>(w);
+    while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+    if (left) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
   }
-  bytes_written_ += rec.size();
-  unsynced_ += rec.size();
+  const uint64_t total = sizeof hdr + len;
+  bytes_written_ += total;
+  file_bytes_ += total;
+  unsynced_ += total;
   return Status::OK();
 }
 

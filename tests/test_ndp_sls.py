@@ -180,8 +180,26 @@ def test_caches_are_exact_hit_and_stay_coherent(tables, config):
                                    err_msg=f"{config}: stale cache after update_rows")
 
 
-def test_page_granular_rows_correct_for_many_pages(tmp_path):
-    """Pages complete in any order: every row must still land in its place (regression)."""
+@pytest.fixture
+def reverse_completions():
+    """io_uring completions delivered in descending request order (a deterministic test knob)."""
+    from recflash import _native
+
+    _native._set_io_completion_order("reverse")
+    yield
+    _native._set_io_completion_order("arrival")
+
+
+@pytest.mark.parametrize("order", ["arrival", "reverse"])
+def test_page_granular_rows_correct_for_many_pages(tmp_path, request, order):
+    """Pages complete in any order: every row must still land in its place (regression).
+
+    With order="reverse" the ring hands each window of completed reads back highest page
+    first, so code that walks a page's rows with a cursor assuming ascending pages loses the
+    rows of every earlier page — deterministically, not only when the device reorders.
+    """
+    if order == "reverse":
+        request.getfixturevalue("reverse_completions")
     with Store.open(str(tmp_path / "s"), StoreOptions(write_buffer_bytes=8 << 20)) as s:
         t = EmbeddingStore(s)
         rng = np.random.default_rng(12)

@@ -411,4 +411,11 @@ PYBIND11_MODULE(_native, m) {
       .def("invalidate", &PySlsEngine::Invalidate)
       .def("cache_stats", &PySlsEngine::CacheStats);
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
+  // Test-only: "reverse" delivers each window of io_uring completions in descending request
+  // order (see IoRing::CompletionOrder); "arrival" restores the kernel's order.
+  m.def("_set_io_completion_order", [](const std::string& order) {
+    if (order == "arrival") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kArrival);
+    else if (order == "reverse") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kReverse);
+    else throw py::value_error("completion order must be 'arrival' or 'reverse', got '" + order + "'");
+  });
 }

@@ -2,11 +2,20 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 namespace recflash {
+
+namespace {
+std::atomic<IoRing::CompletionOrder> g_completion_order{IoRing::CompletionOrder::kArrival};
+}  // namespace
+
+void IoRing::SetCompletionOrderForTesting(CompletionOrder order) { g_completion_order.store(order); }
+IoRing::CompletionOrder IoRing::completion_order() { return g_completion_order.load(std::memory_order_relaxed); }
 
 std::vector<PageRun> CoalescePages(const std::vector<uint32_t>& pages, uint32_t max_pages) {
   std::vector<PageRun> runs;
@@ -77,6 +86,8 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   size_t next = 0;
   unsigned inflight = 0;
   Status status;
+  const bool reverse = completion_order() == CompletionOrder::kReverse;
+  std::vector<unsigned> held;  // kReverse: completed slots not yet delivered
 
   auto submit_slot = [&](unsigned s) {
     const PageRun& r = runs[slot[s].run];
@@ -155,8 +166,20 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
         }
         continue;
       }
+      if (reverse) {
+        held.push_back(s);
+        continue;
+      }
       if (status.ok()) status = cb(runs[slot[s].run], slots_.data() + static_cast<size_t>(s) * slot_bytes_);
       free_slots.push_back(s);
+    }
+    if (!held.empty() && inflight == 0 && (free_slots.empty() || next >= runs.size() || !status.ok())) {
+      std::sort(held.begin(), held.end(), [&](unsigned a, unsigned b) { return slot[a].run > slot[b].run; });
+      for (unsigned s : held) {
+        if (status.ok()) status = cb(runs[slot[s].run], slots_.data() + static_cast<size_t>(s) * slot_bytes_);
+        free_slots.push_back(s);
+      }
+      held.clear();
     }
     if (!status.ok()) next = runs.size();  // stop issuing; drain what is in flight
   }

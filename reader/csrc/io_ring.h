@@ -46,6 +46,14 @@ class AlignedBuffer {
 
 class IoRing {
  public:
+  // Order in which completed reads reach the callbacks. kArrival (the default) is the
+  // kernel's; kReverse holds every completion of a window of in-flight reads (up to `depth`)
+  // and delivers them in descending request order — a test-only knob that makes callers'
+  // assumptions about completion order fail deterministically instead of by chance.
+  enum class CompletionOrder { kArrival, kReverse };
+  static void SetCompletionOrderForTesting(CompletionOrder order);
+  static CompletionOrder completion_order();
+
   // Called for each completed run with its bytes (count * page_size). A non-OK status stops
   // the batch; the remaining in-flight reads are drained before returning.
   using RunCallback = std::function<Status(const PageRun& run, const uint8_t* data)>;

@@ -65,6 +65,8 @@ py::dict GatherStatsDict(const GatherStats& g) {
   d["page_rows"] = g.page_rows;
   d["device_reads"] = g.device_reads;
   d["device_bytes"] = g.device_bytes;
+  d["verified_blocks"] = g.verified_blocks;
+  d["first_touch_pages"] = g.first_touch_pages;
   d["seconds"] = g.seconds;
   return d;
 }
@@ -143,6 +145,7 @@ StoreOptions OptionsFromDict(const py::dict& d) {
   get("sync_on_write", o.sync_on_write);
   get("queue_depth", o.queue_depth);
   get("max_io_bytes", o.max_io_bytes);
+  get("verify_block_reads", o.verify_block_reads);
   get("pinner_enabled", o.pinner.enabled);
   get("pin_budget_frac", o.pinner.budget_frac);
   get("pin_threshold_frac", o.pinner.threshold_frac);
@@ -306,6 +309,17 @@ class PyStore {
     return py::make_tuple(out, GatherStatsDict(gs));
   }
 
+  uint64_t VerifyRows(const std::string& name) {
+    uint64_t pages = 0;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->VerifyRows(name, &pages);
+    }
+    Check(st);
+    return pages;
+  }
+
   py::tuple Sls(const py::list& requests, bool vector_grained) {
     ndp::SlsOptions o;
     o.vector_grained = vector_grained;
@@ -400,6 +414,7 @@ PYBIND11_MODULE(_native, m) {
       .def("get", &PyStore::Get)
       .def("account_scan", &PyStore::AccountScan)
       .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
+      .def("verify_rows", &PyStore::VerifyRows, py::arg("feature"))
       .def("sls", &PyStore::Sls, py::arg("requests"), py::arg("vector_grained") = true)
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)

@@ -186,8 +186,8 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   return status;
 }
 
-Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks,
-                          const BlockCallback& cb) {
+Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb,
+                          const IdleFn& idle) {
   std::vector<size_t> slot_block(depth_);
   std::vector<uint32_t> slot_done(depth_, 0);
   std::vector<unsigned> free_slots;
@@ -195,6 +195,8 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
   size_t next = 0;
   unsigned inflight = 0;
   Status status;
+  const bool reverse = completion_order() == CompletionOrder::kReverse;
+  std::vector<unsigned> held;  // kReverse: completed slots not yet delivered
   auto submit = [&](unsigned sl) {
     const Block& b = blocks[slot_block[sl]];
     uint8_t* buf = slots_.data() + static_cast<size_t>(sl) * slot_bytes_;
@@ -208,6 +210,11 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
     io_uring_sqe_set_data64(sqe, sl);
     inflight++;
   };
+  auto deliver = [&](unsigned sl) {
+    if (status.ok()) status = cb(slot_block[sl], slots_.data() + static_cast<size_t>(sl) * slot_bytes_);
+    free_slots.push_back(sl);
+  };
+  std::vector<unsigned> again;
   while (next < blocks.size() || inflight > 0) {
     while (status.ok() && next < blocks.size() && !free_slots.empty()) {
       if (blocks[next].len > slot_bytes_) return Status::InvalidArgument("block read larger than a ring slot");
@@ -218,11 +225,22 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
       submit(sl);
     }
     if (inflight == 0) break;
-    int rc = io_uring_submit_and_wait(&ring_, 1);
-    if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    if (idle && status.ok()) {
+      // Submit without waiting, do the caller's work while the device reads, then wait.
+      int rc = io_uring_submit(&ring_);
+      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+      status = idle();
+      io_uring_cqe* first;
+      do rc = io_uring_wait_cqe(&ring_, &first);
+      while (rc == -EINTR);
+      if (rc < 0) return Status::FromErrno("io_uring_wait_cqe", path, -rc);
+    } else {
+      int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    }
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
-    std::vector<unsigned> again, done_slots;
+    again.clear();
     io_uring_for_each_cqe(&ring_, head, cqe) {
       seen++;
       const unsigned sl = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
@@ -245,17 +263,23 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
         continue;
       }
       slot_done[sl] += static_cast<uint32_t>(cqe->res);
-      if (slot_done[sl] < b.len) again.push_back(sl);
-      else done_slots.push_back(sl);
+      if (slot_done[sl] < b.len) {
+        again.push_back(sl);
+      } else if (reverse) {
+        held.push_back(sl);
+      } else {
+        deliver(sl);  // copies out at once, so the slot is refilled before the next wait
+      }
     }
     io_uring_cq_advance(&ring_, seen);
     for (unsigned sl : again) {
       if (status.ok()) submit(sl);
       else free_slots.push_back(sl);
     }
-    for (unsigned sl : done_slots) {
-      if (status.ok()) status = cb(slot_block[sl], slots_.data() + static_cast<size_t>(sl) * slot_bytes_);
-      free_slots.push_back(sl);
+    if (!held.empty() && inflight == 0 && (free_slots.empty() || next >= blocks.size() || !status.ok())) {
+      std::sort(held.begin(), held.end(), [&](unsigned a, unsigned b) { return slot_block[a] > slot_block[b]; });
+      for (unsigned sl : held) deliver(sl);
+      held.clear();
     }
     if (!status.ok()) next = blocks.size();
   }

@@ -71,8 +71,13 @@ class IoRing {
     uint64_t offset;
     uint32_t len;
   };
+  // `idle`, when given, runs after every submission while reads are in flight: the caller's
+  // own work (pooling rows that already arrived) overlaps the I/O instead of draining the
+  // queue. The callbacks only copy out, so slots are refilled right after each reap.
   using BlockCallback = std::function<Status(size_t block, const uint8_t* data)>;
-  Status ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb);
+  using IdleFn = std::function<Status()>;
+  Status ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb,
+                    const IdleFn& idle = nullptr);
   // Writes each run from src (count * page_size bytes each, aligned); all submitted together.
   Status WriteRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                    const std::vector<const uint8_t*>& src);

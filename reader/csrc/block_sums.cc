@@ -1,5 +1,9 @@
 #include "reader/csrc/block_sums.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -22,6 +26,7 @@ void BlockSums::Record(uint32_t page, uint64_t seq, const uint8_t* data) {
   Entry& e = pages_[page];
   e.seq = seq;
   e.sums = std::move(sums);
+  dirty_ = true;
 }
 
 bool BlockSums::Has(uint32_t page, uint64_t seq) const {
@@ -49,7 +54,7 @@ size_t BlockSums::MemoryBytes() const {
   return pages_.size() * (sizeof(Entry) + sizeof(uint32_t) * blocks_per_page_ + 32);
 }
 
-Status BlockSums::Save(const std::string& path) const {
+Status BlockSums::Save(const std::string& path) {
   std::shared_lock<std::shared_mutex> l(mu_);
   std::vector<uint8_t> buf;
   auto put = [&](const void* p, size_t n) {
@@ -70,12 +75,27 @@ Status BlockSums::Save(const std::string& path) const {
   const uint32_t crc = crc32c::Value(buf.data(), buf.size());
   put(&crc, 4);
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
-    if (!out) return Status::IOError("cannot write block checksums '" + tmp + "'");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("open", tmp, errno);
+  size_t done = 0;
+  while (done < buf.size()) {
+    const ssize_t w = ::write(fd, buf.data() + done, buf.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int e = errno;
+      ::close(fd);
+      return Status::FromErrno("write", tmp, e);
+    }
+    done += static_cast<size_t>(w);
   }
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status::FromErrno("fsync", tmp, e);
+  }
+  ::close(fd);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
+  dirty_ = false;
   return Status::OK();
 }
 
@@ -84,7 +104,6 @@ void BlockSums::Load(const std::string& path) {
   if (!in) return;
   std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   in.close();
-  std::remove(path.c_str());  // consumed: later states are described by a later close
   const size_t head = 8 + 4 + 4 + 8;
   if (buf.size() < head + 4 || std::memcmp(buf.data(), kMagic, 8) != 0) return;
   uint32_t ps, bs, crc;
@@ -108,6 +127,7 @@ void BlockSums::Load(const std::string& path) {
     std::memcpy(e.sums.get(), p + 12, 4ull * blocks_per_page_);
     pages_[page] = std::move(e);
   }
+  dirty_ = false;
 }
 
 }  // namespace recflash

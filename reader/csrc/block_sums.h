@@ -8,9 +8,12 @@
 // rewritten carries a new seq, so sums never vouch for bytes they were not taken from.
 //
 // Cost: 4 bytes of DRAM per block (0.8 % of the data at 512 B blocks) plus a small entry per
-// page. The sums are saved at a clean close next to the checkpoint and consumed by the next
-// open (like the checkpoint, they only describe the exact state at close).
+// page. The sums are saved at a clean close when they changed and loaded by the next reader.
+// An entry stays true for as long as the file holds that page version: sums are only taken
+// from pages of an installed (committed) version, and a committed seq is never issued again
+// (not even after a crash), so a (page, seq) pair names one content forever.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
@@ -43,10 +46,13 @@ class BlockSums {
   size_t pages() const;
   size_t MemoryBytes() const;
 
-  // Writes every entry to `path` (through a temporary file and a rename); Load reads such a
-  // file back if its sizes and trailing checksum match and removes it. A missing or damaged
-  // file only means the sums are taken again, so Load never fails the open.
-  Status Save(const std::string& path) const;
+  // True when sums were recorded since the last Load/Save.
+  bool dirty() const { return dirty_.load(); }
+  // Writes every entry to `path` (a temporary file, fsync, rename): after a clean close no
+  // write-back of it is left for later. Load reads such a file back if its sizes and trailing
+  // checksum match; a missing or damaged file only means the sums are taken again, so Load
+  // never fails the open.
+  Status Save(const std::string& path);
   void Load(const std::string& path);
 
  private:
@@ -56,6 +62,7 @@ class BlockSums {
   };
   const uint32_t page_size_, block_size_, blocks_per_page_;
   mutable std::shared_mutex mu_;
+  std::atomic<bool> dirty_{false};
   std::unordered_map<uint32_t, Entry> pages_;
 };
 

@@ -2164,7 +2164,7 @@ Status Store::Close() {
     if (s.ok() && !o_.accounting) s = WriteCheckpoint();
     // Block checksums are a cache of verified page contents: losing them only costs a
     // whole-page read per page later, so a failure to save them does not fail the close.
-    if (s.ok() && block_sums_ && block_sums_->pages()) (void)block_sums_->Save(path_ + "/BLOCKSUMS");
+    if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(path_ + "/BLOCKSUMS");
     std::unique_lock<std::mutex> l(mu_);
     closed_ = true;
     readers_cv_.wait(l, [&] { return readers_.empty(); });

@@ -317,6 +317,11 @@ def engine_worker(spec_path: str) -> int:
     kwargs = dict(vector_grained=spec["vector_grained"])
     kwargs.update(spec.get("cache_kwargs") or {})
     eng = SlsEngine(tables, **kwargs)
+    # Block checksums for verified vector reads: saved by the last clean close (BLOCKSUMS), else
+    # taken here by reading the packed pages once — outside every timed region.
+    t0 = time.perf_counter()
+    verify_pages = sum(tables.verify_table(name) for name in names)
+    verify = {"pages_read": verify_pages, "seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
     if spec.get("profile"):
         eng.profile([r for b in load_trace(spec["profile"], names) for r in b])
@@ -337,12 +342,13 @@ def engine_worker(spec_path: str) -> int:
         float(np.concatenate([o.reshape(-1) for o in outs]).astype(np.float64).sum())  # the checksum's code path
     rss_open, _ = proc_mem()
     out = {"method": spec["name"], "rss_interpreter_bytes": rss_interp, "rss_after_open_bytes": rss_open,
-           "profile_seconds": profile_s, "warmup": warm, "engine_kwargs": kwargs, "points": []}
+           "profile_seconds": profile_s, "warmup": warm, "engine_kwargs": kwargs, "block_checksums": verify,
+           "points": []}
     cache0 = eng.cache_stats() if hasattr(eng, "cache_stats") else None
     for ti, path in enumerate(spec["traces"]):
         batches = load_trace(path, names)
         lat = []
-        lookups = unique = dev_reads = dev_bytes = vec_rows = page_rows = buf_rows = 0
+        lookups = unique = dev_reads = dev_bytes = vec_rows = page_rows = buf_rows = verified = first_touch = 0
         checksum = 0.0
         c_before = eng.cache_stats() if hasattr(eng, "cache_stats") else None
         d0 = diskstats(major, minor)
@@ -366,6 +372,8 @@ def engine_worker(spec_path: str) -> int:
             vec_rows += g["vector_rows"]
             page_rows += g["page_rows"]
             buf_rows += g["buffer_rows"]
+            verified += g.get("verified_blocks", 0)
+            first_touch += g.get("first_touch_pages", 0)
             if bi == 0:
                 flat = np.concatenate([o.reshape(-1) for o in outs])
                 checksum = float(flat.astype(np.float64).sum())
@@ -386,7 +394,8 @@ def engine_worker(spec_path: str) -> int:
              "proc_read_bytes": pr1 - pr0,
              "disk": ({k: d1[k] - d0[k] for k in d0} if d0 and d1 else None),
              "engine": {"device_reads": dev_reads, "device_bytes": dev_bytes, "vector_rows": vec_rows,
-                        "page_rows": page_rows, "buffer_rows": buf_rows},
+                        "page_rows": page_rows, "buffer_rows": buf_rows, "verified_blocks": verified,
+                        "first_touch_pages": first_touch},
              "rss_bytes": rss, "hwm_bytes": hwm, "checksum": checksum}
         if c_before is not None:
             p["cache_stats"] = eng.cache_stats()
@@ -761,6 +770,15 @@ class Bench:
         pts = [(b, m.shape.lookups) for b in cfg["batch_sizes"]]
         self.doc["experiments"]["batch_sweep"] = self.sweep("batch_sweep", m, ALL_METHODS, pts, validate=True,
                                                             subsets=cfg["sweep_subsets"])
+        # The device's own queue-depth scaling right after the sweep: io_unbuf is one read at a
+        # time (QD1), the engine keeps a deep queue, so QD-max / QD1 IOPS bounds their ratio.
+        if self.quick:
+            return
+        log("batch_sweep: fio 512 B QD1 / QD128 / QD256")
+        try:
+            self.doc["experiments"]["batch_sweep"]["fio_after"] = self.fio_extra("after batch sweep", qd1=True)
+        except Exception as e:
+            self.doc["errors"].append(f"batch_sweep/fio: {e}")
 
     def exp_lookup_sweep(self):
         cfg = self.cfg
@@ -983,6 +1001,43 @@ class Bench:
 
     # -- evaluation --------------------------------------------------------------------
 
+    def qd_scaling(self, unbuf_rows_per_s, achieved) -> dict:
+        """The device's QD1 vs deep-queue random 512 B IOPS, all fio runs of this run. Every row
+        must be read (uniform ids over 4 M rows: blocks are almost never shared), so the latency
+        ratio of a deep-queue method to a QD1 method cannot exceed IOPS(QD128/256) / IOPS(QD1)."""
+        fios = list((self.doc["experiments"].get("throughput") or {}).get("fio", []))
+        after = (self.doc["experiments"].get("batch_sweep") or {}).get("fio_after")
+        if after:
+            fios.append(after)
+        rows = []
+        for f in fios:
+            q1 = (f.get("rand512_qd1") or {}).get("iops")
+            deep = max([(f.get(q) or {}).get("iops") or 0 for q in ("rand512_qd128", "rand512_qd256")])
+            if q1 and deep:
+                rows.append({"when": f["when"], "qd1_iops": q1, "qd128_256_iops": deep, "ratio": deep / q1})
+        if not rows:
+            return {"device_qd_scaling": None}
+        best = max(r["ratio"] for r in rows)
+        near = next((r for r in rows if r["when"] == "after batch sweep"), rows[0])
+        out = {
+            "device_qd_scaling": rows,
+            "device_qd_ratio_max": best,
+            "device_qd_ratio_after_sweep": near["ratio"],
+            "io_unbuf_rows_per_s_vs_fio_qd1": (unbuf_rows_per_s / near["qd1_iops"]) if unbuf_rows_per_s else None,
+            "io_unbuf_is": "one pread per unique row at QD1, O_DIRECT, 512 B aligned (ids sorted and de-duplicated "
+                           "per table like every method): the thesis' io_unbuf (lseek/read, Direct I/O, seed 004 "
+                           "Table 6) — not a buffered read",
+            "fraction_of_device_bound": (achieved / best) if achieved else None,
+        }
+        measured = ", ".join(f"{r['when']}: {r['ratio']:.2f}x" for r in rows)
+        reachable = best >= TARGET_VS_IO_UNBUF
+        out["bound_detail"] = (
+            f"{TARGET_VS_IO_UNBUF:g}x needs IOPS(QD128/256) >= {TARGET_VS_IO_UNBUF:g} x IOPS(QD1) on the device; fio in "
+            f"this run measured {measured} — "
+            + ("the target is reachable in principle" if reachable else
+               "below the target, so it is out of reach for any method that reads every row"))
+        return out
+
     def evaluate(self):
         ex = self.doc["experiments"]
         targets = {}
@@ -1078,7 +1133,8 @@ class Bench:
             "p50_ratio": ratio(at("io_unbuf", bref, "p50"), at("recflash_vector", bref, "p50")),
             "device_ceiling": ratio(lim, ur),
             "device_ceiling_detail": "the best ratio any method could reach: the device's largest random-read "
-                                     "IOPS figure of the run / io_unbuf's unique rows per second (one row per read)"}
+                                     "IOPS figure of the run / io_unbuf's unique rows per second (one row per read)",
+            **self.qd_scaling(ur, ratio(u, v))}
         targets["latency_vs_mmap"] = {
             "value": ratio(mm, v), "threshold": TARGET_VS_MMAP, "passed": bool(mm and v and mm / v >= TARGET_VS_MMAP),
             "batch": bref, "recflash_vector_ms": v, "mmap_ms": mm,
@@ -1178,7 +1234,10 @@ def print_report(doc: dict) -> None:
         if k == "iops_fraction_caches_off" and t.get("strict_value") is not None:
             extra = f"  [strict, vs the run's best device figure: {t['strict_value']:.3f}]"
         if k == "latency_vs_io_unbuf" and t.get("device_ceiling"):
-            extra = f"  [device ceiling {t['device_ceiling']:.2f}]"
+            extra = f"  [device ceiling {t['device_ceiling']:.2f}"
+            if t.get("device_qd_ratio_max"):
+                extra += f", fio QD128-256/QD1 up to {t['device_qd_ratio_max']:.2f}"
+            extra += "]"
         if k == "row_cache_speedup_zipf" and t.get("row_cache_hit_rate_during_measurement") is not None:
             extra = f"  [row cache hit rate {t['row_cache_hit_rate_during_measurement']:.2f}]"
         print(f"  {k:<28} {vs:>10}  (threshold {t.get('threshold')})  {status}{extra}")

@@ -112,6 +112,15 @@ class EmbeddingStore:
             if bar:
                 bar.stop()
         self.store.compact([feature])
+        self.verify_table(name)
+
+    def verify_table(self, name: str) -> int:
+        """Reads the table's packed pages whose block checksums are not held yet (whole pages,
+        page checksums verified) and takes their 512 B block checksums, so vector-grained
+        reads of it are verified from the first lookup on. Returns the pages read (0 when all
+        sums are held, or with ``StoreOptions(verify_block_reads=False)``)."""
+        self.info(name)
+        return int(self.store._s.verify_rows(self.feature_name(name)))
 
     def update_rows(self, name: str, ids, rows) -> None:
         """New versions of some rows, visible to the next lookup (model update while serving)."""
@@ -142,6 +151,8 @@ class EmbeddingStore:
         """Folds updated rows back into the packed layout."""
         names = [name] if name else list(self._tables)
         self.store.compact([self.feature_name(n) for n in names])
+        for n in names:
+            self.verify_table(n)
 
     @staticmethod
     def _check_ids(t: TableInfo, ids) -> np.ndarray:

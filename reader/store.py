@@ -48,6 +48,10 @@ class StoreOptions:
     queue_depth: int = 32
     #: Largest coalesced read of adjacent pages.
     max_io_bytes: int = 256 << 10
+    #: Verify block-granular embedding-row reads (vector-grained SLS) against crc32c sums of
+    #: their 512 B blocks, taken from checksum-verified whole-page reads (4 B of DRAM per
+    #: block; a packed page without sums is read whole once). False: such reads are unverified.
+    verify_block_reads: bool = True
     #: Rec-aware pinner: keep small per-feature batches in DRAM across flushes.
     pinner_enabled: bool = True
     #: Pinned bytes stay within this fraction of the write buffer.

@@ -8,7 +8,7 @@ import torch
 
 from recflash.ndp import EmbeddingStore, SlsEngine, SlsRequest
 from recflash.reader import Store, StoreOptions
-from recflash.reader.errors import InvalidArgumentError, SchemaError, UnknownFeatureError
+from recflash.reader.errors import CorruptionError, InvalidArgumentError, SchemaError, UnknownFeatureError
 
 ROWS, DIM = 5000, 32
 
@@ -180,8 +180,26 @@ def test_caches_are_exact_hit_and_stay_coherent(tables, config):
                                    err_msg=f"{config}: stale cache after update_rows")
 
 
-def test_page_granular_rows_correct_for_many_pages(tmp_path):
-    """Pages complete in any order: every row must still land in its place (regression)."""
+@pytest.fixture
+def reverse_completions():
+    """io_uring completions delivered in descending request order (a deterministic test knob)."""
+    from recflash import _native
+
+    _native._set_io_completion_order("reverse")
+    yield
+    _native._set_io_completion_order("arrival")
+
+
+@pytest.mark.parametrize("order", ["arrival", "reverse"])
+def test_page_granular_rows_correct_for_many_pages(tmp_path, request, order):
+    """Pages complete in any order: every row must still land in its place (regression).
+
+    With order="reverse" the ring hands each window of completed reads back highest page
+    first, so code that walks a page's rows with a cursor assuming ascending pages loses the
+    rows of every earlier page — deterministically, not only when the device reorders.
+    """
+    if order == "reverse":
+        request.getfixturevalue("reverse_completions")
     with Store.open(str(tmp_path / "s"), StoreOptions(write_buffer_bytes=8 << 20)) as s:
         t = EmbeddingStore(s)
         rng = np.random.default_rng(12)
@@ -206,3 +224,135 @@ def test_page_granular_rows_correct_for_many_pages(tmp_path):
             out = SlsEngine(t, vector_grained=vg).sls([SlsRequest(n, idx, off) for n in ws])
             for o, n in zip(out, ws):
                 np.testing.assert_allclose(o, _reference(ws[n], idx, off, "sum"), rtol=1e-5, atol=1e-5)
+
+
+def _corrupt_row_on_disk(store_dir, row_bytes: bytes, page_size: int = 16384) -> list:
+    """Flips one byte of the row's copies in packed (single-segment) pages of pages.dat — the
+    copies vector reads serve; an older copy may linger in a mixed page. Returns the offsets."""
+    path = store_dir / "pages.dat"
+    data = path.read_bytes()
+    offs, at = [], data.find(row_bytes)
+    while at >= 0:
+        page = at // page_size * page_size
+        if int.from_bytes(data[page + 20:page + 22], "little") == 1:  # PageHeader.nseg
+            offs.append(at + 5)
+        at = data.find(row_bytes, at + 1)
+    assert offs, "the row must be stored"
+    with open(path, "r+b") as f:
+        for off in offs:
+            f.seek(off)
+            f.write(bytes([data[off] ^ 0x40]))
+    return offs
+
+
+def _one_table(store_dir, rows=20_000, **opts):
+    s = Store.open(str(store_dir), StoreOptions(write_buffer_bytes=4 << 20, **opts))
+    t = EmbeddingStore(s)
+    w = np.random.default_rng(5).standard_normal((rows, 32)).astype(np.float32)
+    t.create_table("v", rows, 32)
+    t.load_table("v", w, progress=False)
+    return s, t, w
+
+
+def test_vector_reads_are_verified_and_cost_one_block(tmp_path):
+    s, t, w = _one_table(tmp_path / "s")
+    ids = np.arange(0, 20_000, 37)
+    with s:
+        np.testing.assert_array_equal(t.read_rows("v", ids), w[ids])
+        g = t.last_gather_stats
+        # load_table took the block checksums: no first-touch page reads, one 512 B block per row
+        assert g["first_touch_pages"] == 0 and g["page_rows"] == 0
+        assert g["verified_blocks"] == g["device_reads"] == len(ids)
+        assert g["device_bytes"] == 512 * len(ids)
+        assert t.verify_table("v") == 0  # nothing left to take
+
+
+def test_vector_read_of_a_corrupt_row_raises(tmp_path):
+    s, t, w = _one_table(tmp_path / "s")
+    s.close()  # saves the block checksums
+    offs = _corrupt_row_on_disk(tmp_path / "s", w[1234].tobytes())
+    with Store.open(str(tmp_path / "s"), StoreOptions()) as s:
+        t = EmbeddingStore(s)
+        ok = np.array([1, 5000, 19_999])
+        np.testing.assert_array_equal(t.read_rows("v", ok), w[ok])
+        with pytest.raises(CorruptionError, match=r"block at offset \d+ \(page \d+\) of '.*pages.dat' fails its "
+                                                  r"checksum .* reading row 1234 of") as e:
+            t.read_rows("v", [1234])
+        block = int(str(e.value).split("block at offset ")[1].split()[0])
+        assert any(block <= o < block + 512 for o in offs)
+        with pytest.raises(CorruptionError, match="checksum"):  # the page path checks the page crc
+            t.read_rows("v", [1234], vector_grained=False)
+        eng = SlsEngine(t)
+        with pytest.raises(CorruptionError, match="row 1234"):
+            eng.sls([SlsRequest("v", np.array([7, 1234, 9]), np.array([0, 2]))])
+
+
+def test_first_touch_takes_checksums_from_a_verified_page(tmp_path):
+    s, t, w = _one_table(tmp_path / "s")
+    s.close()
+    (tmp_path / "s" / "BLOCKSUMS").unlink()  # no sums: every packed page is read whole once
+    with Store.open(str(tmp_path / "s"), StoreOptions()) as s:
+        t = EmbeddingStore(s)
+        ids = np.array([3, 4, 9000])
+        np.testing.assert_array_equal(t.read_rows("v", ids), w[ids])
+        g = t.last_gather_stats
+        assert g["first_touch_pages"] == 2 and g["page_rows"] == 3 and g["device_bytes"] == 2 * s.page_size
+        np.testing.assert_array_equal(t.read_rows("v", ids), w[ids])
+        g = t.last_gather_stats
+        assert g["first_touch_pages"] == 0 and g["vector_rows"] == 3 and g["verified_blocks"] == g["device_reads"]
+    _corrupt_row_on_disk(tmp_path / "s", w[77].tobytes())
+    (tmp_path / "s" / "BLOCKSUMS").unlink()
+    with Store.open(str(tmp_path / "s"), StoreOptions()) as s:
+        t = EmbeddingStore(s)
+        with pytest.raises(CorruptionError, match=r"checksum mismatch"):  # the first touch checks the page
+            t.read_rows("v", [77])
+        with pytest.raises(CorruptionError, match=r"checksum mismatch"):
+            t.verify_table("v")
+
+
+def test_unverified_block_reads_when_disabled(tmp_path):
+    s, t, w = _one_table(tmp_path / "s", verify_block_reads=False)
+    s.close()
+    assert not (tmp_path / "s" / "BLOCKSUMS").exists()
+    _corrupt_row_on_disk(tmp_path / "s", w[10].tobytes())
+    with Store.open(str(tmp_path / "s"), StoreOptions(verify_block_reads=False)) as s:
+        t = EmbeddingStore(s)
+        got = t.read_rows("v", [10])  # the documented trade: returned as stored, unchecked
+        assert not np.array_equal(got[0], w[10])
+        assert t.last_gather_stats["verified_blocks"] == 0
+
+
+@pytest.mark.parametrize("vector_grained", [True, False])
+def test_one_call_many_tables_same_table_twice(tables, reverse_completions, vector_grained):
+    """All tables of one sls() share one ring pass; a table may appear twice; pooling order
+    does not depend on the order completions arrive in."""
+    t, weights = tables
+    rng = np.random.default_rng(3)
+    reqs, refs = [], []
+    for name, rows in (("a", ROWS), ("b", 700), ("a", ROWS), ("b", 700)):
+        i, o = _bags(rng, rows, 40, 12)
+        reqs.append(SlsRequest(name, i, o))
+        refs.append(_reference(weights[name], i, o, "sum"))
+    out = SlsEngine(t, vector_grained=vector_grained).sls(reqs)
+    for got, want in zip(out, refs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_block_checksums_survive_reopen_and_a_damaged_file_is_ignored(tmp_path):
+    s, t, w = _one_table(tmp_path / "s")
+    s.close()
+    ids = np.array([1, 2_000, 15_000])
+    for _ in range(2):  # a reopen that takes no new sums leaves the file as it is
+        with Store.open(str(tmp_path / "s"), StoreOptions()) as s:
+            t = EmbeddingStore(s)
+            np.testing.assert_array_equal(t.read_rows("v", ids), w[ids])
+            assert t.last_gather_stats["first_touch_pages"] == 0
+            assert t.last_gather_stats["verified_blocks"] == 3
+    f = tmp_path / "s" / "BLOCKSUMS"
+    data = bytearray(f.read_bytes())
+    data[100] ^= 1
+    f.write_bytes(bytes(data))
+    with Store.open(str(tmp_path / "s"), StoreOptions()) as s:
+        t = EmbeddingStore(s)
+        np.testing.assert_array_equal(t.read_rows("v", ids), w[ids])
+        assert t.last_gather_stats["first_touch_pages"] == 3  # sums taken again from verified pages

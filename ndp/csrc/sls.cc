@@ -42,102 +42,141 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
   std::lock_guard<std::mutex> l(mu_);
   const auto t0 = std::chrono::steady_clock::now();
   *stats = SlsStats();
-  std::vector<uint32_t> order, uid_of, miss_u;
-  std::vector<uint64_t> uids, miss;
-  std::vector<float> rows, fetched;
-  std::vector<uint8_t> done;
-  for (const SlsRequest& r : requests) {
-    FeatureDef def;
-    RF_RETURN_IF_ERROR(store_->LookupFeature(r.table, &def));
-    RF_RETURN_IF_ERROR(Validate(r, def));
-    const uint32_t dim = def.dim;
-    const uint32_t fid = def.id;
-    std::memset(r.out, 0, sizeof(float) * r.num_bags * dim);
-    // 1. Whole bags from the pooled-embedding cache.
-    done.assign(r.num_bags, 0);
-    const bool pool_cacheable = pooled_.enabled() && !r.weights;
-    if (pool_cacheable) {
-      for (size_t b = 0; b < r.num_bags; b++) {
-        const uint32_t len = static_cast<uint32_t>(r.offsets[b + 1] - r.offsets[b]);
-        if (len >= pooled_.min_len())
-          done[b] = pooled_.Get(PooledCache::Key(fid, r.mean, r.indices + r.offsets[b], len), r.out + b * dim, dim);
-      }
+  const size_t nr = requests.size();
+  if (work_.size() < nr) work_.resize(nr);
+  // 1. Per table: validate, whole bags from the pooled cache, sorted and de-duplicated ids,
+  //    rows from the caches; what is left becomes one gather request per table.
+  std::vector<GatherRequest> gathers;
+  std::vector<size_t> gather_of;  // gathers[g] belongs to requests[gather_of[g]]
+  for (size_t k = 0; k < nr; k++) {
+    const SlsRequest& r = requests[k];
+    Work& wk = work_[k];
+    RF_RETURN_IF_ERROR(store_->LookupFeature(r.table, &wk.def));
+    RF_RETURN_IF_ERROR(Validate(r, wk.def));
+    RF_RETURN_IF_ERROR(Prepare(r, &wk));
+    wk.gs = GatherStats();
+    if (!wk.miss.empty()) {
+      wk.fetched.resize(wk.miss.size() * wk.def.dim);
+      GatherRequest g;
+      g.feature = r.table;
+      g.ids = wk.miss.data();
+      g.n = wk.miss.size();
+      g.out = wk.fetched.data();
+      g.stats = &wk.gs;
+      gathers.push_back(std::move(g));
+      gather_of.push_back(k);
+    } else {
+      Pool(r, &wk);
     }
-    // 2. Sorted (row id, position) pairs of the remaining bags: each row fetched once.
-    order.clear();
-    for (size_t b = 0; b < r.num_bags; b++)
-      if (!done[b])
-        for (int64_t p = r.offsets[b]; p < r.offsets[b + 1]; p++) order.push_back(static_cast<uint32_t>(p));
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return r.indices[a] < r.indices[b]; });
-    uids.clear();
-    uid_of.assign(r.num_indices, 0);
-    for (uint32_t p : order) {
-      const uint64_t id = static_cast<uint64_t>(r.indices[p]);
-      if (uids.empty() || uids.back() != id) uids.push_back(id);
-      uid_of[p] = static_cast<uint32_t>(uids.size() - 1);
-    }
-    // 3. Rows: hot partition, host row cache, store-side cache, then the store.
-    rows.resize(uids.size() * dim);
-    miss.clear();
-    miss_u.clear();
-    DirectMappedCache* dev = DeviceCache(fid, dim);
-    for (size_t u = 0; u < uids.size(); u++) {
-      const uint64_t key = RowKey(fid, uids[u]);
-      float* dst = rows.data() + u * dim;
-      if (hot_.size()) {
-        if (const float* h = hot_.Row(key)) {
-          std::memcpy(dst, h, dim * sizeof(float));
-          hot_.counters.hits++;
-          continue;
-        }
-        hot_.counters.misses++;
-      }
-      if (rows_.enabled() && rows_.Get(key, dst, dim)) continue;
-      if (dev && dev->Get(key, dst)) continue;
-      miss.push_back(uids[u]);
-      miss_u.push_back(static_cast<uint32_t>(u));
-    }
-    GatherStats gs;
-    if (!miss.empty()) {
-      fetched.resize(miss.size() * dim);
-      RF_RETURN_IF_ERROR(store_->GatherRows(r.table, miss.data(), miss.size(), o_.vector_grained, fetched.data(), &gs));
-      for (size_t k = 0; k < miss.size(); k++) {
-        const float* row = fetched.data() + k * dim;
-        std::memcpy(rows.data() + static_cast<size_t>(miss_u[k]) * dim, row, dim * sizeof(float));
-        const uint64_t key = RowKey(fid, miss[k]);
+  }
+  // 2. Every table's missing rows in one ring pass; a table is pooled as soon as its rows
+  //    are in, while the other tables' reads are still in flight.
+  if (!gathers.empty()) {
+    RF_RETURN_IF_ERROR(store_->GatherRowsMany(gathers, o_.vector_grained, [&](size_t g) -> Status {
+      const size_t k = gather_of[g];
+      Work& wk = work_[k];
+      const uint32_t dim = wk.def.dim;
+      for (size_t m = 0; m < wk.miss.size(); m++) {
+        const float* row = wk.fetched.data() + m * dim;
+        std::memcpy(wk.rows.data() + static_cast<size_t>(wk.miss_u[m]) * dim, row, dim * sizeof(float));
+        const uint64_t key = RowKey(wk.def.id, wk.miss[m]);
         if (rows_.enabled()) rows_.Put(key, row, dim);
-        if (dev) dev->Put(key, row);
+        if (wk.dev) wk.dev->Put(key, row);
       }
-    }
-    // 4. Pool in index order within each bag (the order torch.nn.EmbeddingBag sums in).
-    for (size_t b = 0; b < r.num_bags; b++) {
-      if (done[b]) continue;
-      float* acc = r.out + b * dim;
-      const int64_t a = r.offsets[b], z = r.offsets[b + 1];
-      for (int64_t p = a; p < z; p++) {
-        const float* row = rows.data() + static_cast<size_t>(uid_of[p]) * dim;
-        const float wgt = r.weights ? r.weights[p] : 1.0f;
-        for (uint32_t d = 0; d < dim; d++) acc[d] += wgt * row[d];
-      }
-      if (r.mean && z > a) {
-        const float inv = 1.0f / static_cast<float>(z - a);
-        for (uint32_t d = 0; d < dim; d++) acc[d] *= inv;
-      }
-      if (pool_cacheable && static_cast<uint32_t>(z - a) >= pooled_.min_len())
-        pooled_.Put(PooledCache::Key(fid, r.mean, r.indices + a, static_cast<uint32_t>(z - a)), acc, dim);
-    }
-    stats->lookups += r.num_indices;
-    stats->unique_rows += uids.size();
+      Pool(requests[k], &wk);
+      return Status::OK();
+    }));
+  }
+  for (size_t k = 0; k < nr; k++) {
+    const Work& wk = work_[k];
+    const GatherStats& gs = wk.gs;
+    stats->lookups += requests[k].num_indices;
+    stats->unique_rows += wk.uids.size();
     stats->gather.rows += gs.rows;
     stats->gather.buffer_rows += gs.buffer_rows;
     stats->gather.vector_rows += gs.vector_rows;
     stats->gather.page_rows += gs.page_rows;
     stats->gather.device_reads += gs.device_reads;
     stats->gather.device_bytes += gs.device_bytes;
-    stats->gather.seconds += gs.seconds;
+    stats->gather.verified_blocks += gs.verified_blocks;
+    stats->gather.first_touch_pages += gs.first_touch_pages;
+    stats->gather.seconds = std::max(stats->gather.seconds, gs.seconds);
   }
   stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::OK();
+}
+
+Status SlsEngine::Prepare(const SlsRequest& r, Work* wk) {
+  const uint32_t dim = wk->def.dim;
+  const uint32_t fid = wk->def.id;
+  std::memset(r.out, 0, sizeof(float) * r.num_bags * dim);
+  // Whole bags from the pooled-embedding cache.
+  wk->done.assign(r.num_bags, 0);
+  wk->pool_cacheable = pooled_.enabled() && !r.weights;
+  if (wk->pool_cacheable) {
+    for (size_t b = 0; b < r.num_bags; b++) {
+      const uint32_t len = static_cast<uint32_t>(r.offsets[b + 1] - r.offsets[b]);
+      if (len >= pooled_.min_len())
+        wk->done[b] = pooled_.Get(PooledCache::Key(fid, r.mean, r.indices + r.offsets[b], len), r.out + b * dim, dim);
+    }
+  }
+  // Sorted (row id, position) pairs of the remaining bags: each row fetched once.
+  std::vector<uint32_t>& order = wk->order;
+  order.clear();
+  for (size_t b = 0; b < r.num_bags; b++)
+    if (!wk->done[b])
+      for (int64_t p = r.offsets[b]; p < r.offsets[b + 1]; p++) order.push_back(static_cast<uint32_t>(p));
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return r.indices[a] < r.indices[b]; });
+  wk->uids.clear();
+  wk->uid_of.assign(r.num_indices, 0);
+  for (uint32_t p : order) {
+    const uint64_t id = static_cast<uint64_t>(r.indices[p]);
+    if (wk->uids.empty() || wk->uids.back() != id) wk->uids.push_back(id);
+    wk->uid_of[p] = static_cast<uint32_t>(wk->uids.size() - 1);
+  }
+  // Rows: hot partition, host row cache, store-side cache; the rest are gathered.
+  wk->rows.resize(wk->uids.size() * dim);
+  wk->miss.clear();
+  wk->miss_u.clear();
+  wk->dev = DeviceCache(fid, dim);
+  for (size_t u = 0; u < wk->uids.size(); u++) {
+    const uint64_t key = RowKey(fid, wk->uids[u]);
+    float* dst = wk->rows.data() + u * dim;
+    if (hot_.size()) {
+      if (const float* h = hot_.Row(key)) {
+        std::memcpy(dst, h, dim * sizeof(float));
+        hot_.counters.hits++;
+        continue;
+      }
+      hot_.counters.misses++;
+    }
+    if (rows_.enabled() && rows_.Get(key, dst, dim)) continue;
+    if (wk->dev && wk->dev->Get(key, dst)) continue;
+    wk->miss.push_back(wk->uids[u]);
+    wk->miss_u.push_back(static_cast<uint32_t>(u));
+  }
+  return Status::OK();
+}
+
+void SlsEngine::Pool(const SlsRequest& r, Work* wk) {
+  // Pool in index order within each bag (the order torch.nn.EmbeddingBag sums in).
+  const uint32_t dim = wk->def.dim;
+  for (size_t b = 0; b < r.num_bags; b++) {
+    if (wk->done[b]) continue;
+    float* acc = r.out + b * dim;
+    const int64_t a = r.offsets[b], z = r.offsets[b + 1];
+    for (int64_t p = a; p < z; p++) {
+      const float* row = wk->rows.data() + static_cast<size_t>(wk->uid_of[p]) * dim;
+      const float wgt = r.weights ? r.weights[p] : 1.0f;
+      for (uint32_t d = 0; d < dim; d++) acc[d] += wgt * row[d];
+    }
+    if (r.mean && z > a) {
+      const float inv = 1.0f / static_cast<float>(z - a);
+      for (uint32_t d = 0; d < dim; d++) acc[d] *= inv;
+    }
+    if (wk->pool_cacheable && static_cast<uint32_t>(z - a) >= pooled_.min_len())
+      pooled_.Put(PooledCache::Key(wk->def.id, r.mean, r.indices + a, static_cast<uint32_t>(z - a)), acc, dim);
+  }
 }
 
 Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {

@@ -32,7 +32,7 @@ struct SlsRequest {
 struct SlsStats {
   uint64_t lookups = 0;       // indices over all bags
   uint64_t unique_rows = 0;   // rows gathered after de-duplication
-  GatherStats gather;         // summed over tables
+  GatherStats gather;         // summed over tables (seconds: until the last table's rows were in)
   double seconds = 0;
 };
 
@@ -58,6 +58,19 @@ class SlsEngine {
   std::string CacheStatsJson();
 
  private:
+  // Per-table state of one Run, kept across calls so its buffers are reused.
+  struct Work {
+    FeatureDef def;
+    std::vector<uint8_t> done;  // bags answered by the pooled cache
+    bool pool_cacheable = false;
+    std::vector<uint32_t> order, uid_of, miss_u;
+    std::vector<uint64_t> uids, miss;
+    std::vector<float> rows, fetched;
+    DirectMappedCache* dev = nullptr;
+    GatherStats gs;
+  };
+  Status Prepare(const SlsRequest& r, Work* wk);
+  void Pool(const SlsRequest& r, Work* wk);
   DirectMappedCache* DeviceCache(uint32_t fid, uint32_t dim);
   Store* store_;
   SlsOptions o_;
@@ -66,6 +79,7 @@ class SlsEngine {
   PooledCache pooled_;
   HotRows hot_;
   std::unordered_map<uint32_t, std::unique_ptr<DirectMappedCache>> device_;
+  std::vector<Work> work_;
 };
 
 }  // namespace recflash::ndp

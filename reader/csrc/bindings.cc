@@ -68,6 +68,8 @@ py::dict GatherStatsDict(const GatherStats& g) {
   d["page_rows"] = g.page_rows;
   d["device_reads"] = g.device_reads;
   d["device_bytes"] = g.device_bytes;
+  d["verified_blocks"] = g.verified_blocks;
+  d["first_touch_pages"] = g.first_touch_pages;
   d["seconds"] = g.seconds;
   return d;
 }
@@ -228,6 +230,7 @@ StoreOptions OptionsFromDict(const py::dict& d) {
   get("bulk_load", o.bulk_load);
   get("queue_depth", o.queue_depth);
   get("max_io_bytes", o.max_io_bytes);
+  get("verify_block_reads", o.verify_block_reads);
   get("pinner_enabled", o.pinner.enabled);
   get("pin_budget_frac", o.pinner.budget_frac);
   get("pin_threshold_frac", o.pinner.threshold_frac);
@@ -391,6 +394,17 @@ class PyStore {
     return py::make_tuple(out, GatherStatsDict(gs));
   }
 
+  uint64_t VerifyRows(const std::string& name) {
+    uint64_t pages = 0;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->VerifyRows(name, &pages);
+    }
+    Check(st);
+    return pages;
+  }
+
   py::tuple Sls(const py::list& requests, bool vector_grained) {
     ndp::SlsOptions o;
     o.vector_grained = vector_grained;
@@ -490,6 +504,7 @@ PYBIND11_MODULE(_native, m) {
       .def("get", &PyStore::Get)
       .def("account_scan", &PyStore::AccountScan)
       .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
+      .def("verify_rows", &PyStore::VerifyRows, py::arg("feature"))
       .def("sls", &PyStore::Sls, py::arg("requests"), py::arg("vector_grained") = true)
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)
@@ -501,4 +516,11 @@ PYBIND11_MODULE(_native, m) {
       .def("invalidate", &PySlsEngine::Invalidate)
       .def("cache_stats", &PySlsEngine::CacheStats);
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
+  // Test-only: "reverse" delivers each window of io_uring completions in descending request
+  // order (see IoRing::CompletionOrder); "arrival" restores the kernel's order.
+  m.def("_set_io_completion_order", [](const std::string& order) {
+    if (order == "arrival") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kArrival);
+    else if (order == "reverse") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kReverse);
+    else throw py::value_error("completion order must be 'arrival' or 'reverse', got '" + order + "'");
+  });
 }

@@ -181,6 +181,7 @@ class PageView {
                       PageView* out);
   uint64_t seq() const { return seq_; }
   uint32_t nseg() const { return nseg_; }
+  const uint8_t* data() const { return buf_; }  // the verified page bytes
   // Segment of a feature, or false if the page holds none.
   bool Find(uint32_t feature_id, SegmentView* out) const;
   SegmentView Segment(uint32_t i) const;

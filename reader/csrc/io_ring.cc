@@ -2,11 +2,20 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 namespace recflash {
+
+namespace {
+std::atomic<IoRing::CompletionOrder> g_completion_order{IoRing::CompletionOrder::kArrival};
+}  // namespace
+
+void IoRing::SetCompletionOrderForTesting(CompletionOrder order) { g_completion_order.store(order); }
+IoRing::CompletionOrder IoRing::completion_order() { return g_completion_order.load(std::memory_order_relaxed); }
 
 std::vector<PageRun> CoalescePages(const std::vector<uint32_t>& pages, uint32_t max_pages) {
   std::vector<PageRun> runs;
@@ -77,6 +86,8 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   size_t next = 0;
   unsigned inflight = 0;
   Status status;
+  const bool reverse = completion_order() == CompletionOrder::kReverse;
+  std::vector<unsigned> held;  // kReverse: completed slots not yet delivered
 
   auto submit_slot = [&](unsigned s) {
     const PageRun& r = runs[slot[s].run];
@@ -155,16 +166,28 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
         }
         continue;
       }
+      if (reverse) {
+        held.push_back(s);
+        continue;
+      }
       if (status.ok()) status = cb(runs[slot[s].run], slots_.data() + static_cast<size_t>(s) * slot_bytes_);
       free_slots.push_back(s);
+    }
+    if (!held.empty() && inflight == 0 && (free_slots.empty() || next >= runs.size() || !status.ok())) {
+      std::sort(held.begin(), held.end(), [&](unsigned a, unsigned b) { return slot[a].run > slot[b].run; });
+      for (unsigned s : held) {
+        if (status.ok()) status = cb(runs[slot[s].run], slots_.data() + static_cast<size_t>(s) * slot_bytes_);
+        free_slots.push_back(s);
+      }
+      held.clear();
     }
     if (!status.ok()) next = runs.size();  // stop issuing; drain what is in flight
   }
   return status;
 }
 
-Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks,
-                          const BlockCallback& cb) {
+Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb,
+                          const IdleFn& idle) {
   std::vector<size_t> slot_block(depth_);
   std::vector<uint32_t> slot_done(depth_, 0);
   std::vector<unsigned> free_slots;
@@ -172,6 +195,8 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
   size_t next = 0;
   unsigned inflight = 0;
   Status status;
+  const bool reverse = completion_order() == CompletionOrder::kReverse;
+  std::vector<unsigned> held;  // kReverse: completed slots not yet delivered
   auto submit = [&](unsigned sl) {
     const Block& b = blocks[slot_block[sl]];
     uint8_t* buf = slots_.data() + static_cast<size_t>(sl) * slot_bytes_;
@@ -185,6 +210,11 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
     io_uring_sqe_set_data64(sqe, sl);
     inflight++;
   };
+  auto deliver = [&](unsigned sl) {
+    if (status.ok()) status = cb(slot_block[sl], slots_.data() + static_cast<size_t>(sl) * slot_bytes_);
+    free_slots.push_back(sl);
+  };
+  std::vector<unsigned> again;
   while (next < blocks.size() || inflight > 0) {
     while (status.ok() && next < blocks.size() && !free_slots.empty()) {
       if (blocks[next].len > slot_bytes_) return Status::InvalidArgument("block read larger than a ring slot");
@@ -195,11 +225,25 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
       submit(sl);
     }
     if (inflight == 0) break;
-    int rc = io_uring_submit_and_wait(&ring_, 1);
-    if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    // Wait for one completion and refill at once. (Reaping an eighth of the queue per wait
+    // saved syscalls but measured no faster against the raw io_uring reference.)
+    const unsigned want = 1;
+    if (idle && status.ok()) {
+      // Submit without waiting, do the caller's work while the device reads, then wait.
+      int rc = io_uring_submit(&ring_);
+      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+      status = idle();
+      io_uring_cqe* first;
+      do rc = io_uring_wait_cqe_nr(&ring_, &first, want);
+      while (rc == -EINTR);
+      if (rc < 0) return Status::FromErrno("io_uring_wait_cqe", path, -rc);
+    } else {
+      int rc = io_uring_submit_and_wait(&ring_, want);
+      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    }
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
-    std::vector<unsigned> again, done_slots;
+    again.clear();
     io_uring_for_each_cqe(&ring_, head, cqe) {
       seen++;
       const unsigned sl = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
@@ -222,17 +266,23 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
         continue;
       }
       slot_done[sl] += static_cast<uint32_t>(cqe->res);
-      if (slot_done[sl] < b.len) again.push_back(sl);
-      else done_slots.push_back(sl);
+      if (slot_done[sl] < b.len) {
+        again.push_back(sl);
+      } else if (reverse) {
+        held.push_back(sl);
+      } else {
+        deliver(sl);  // copies out at once, so the slot is refilled before the next wait
+      }
     }
     io_uring_cq_advance(&ring_, seen);
     for (unsigned sl : again) {
       if (status.ok()) submit(sl);
       else free_slots.push_back(sl);
     }
-    for (unsigned sl : done_slots) {
-      if (status.ok()) status = cb(slot_block[sl], slots_.data() + static_cast<size_t>(sl) * slot_bytes_);
-      free_slots.push_back(sl);
+    if (!held.empty() && inflight == 0 && (free_slots.empty() || next >= blocks.size() || !status.ok())) {
+      std::sort(held.begin(), held.end(), [&](unsigned a, unsigned b) { return slot_block[a] > slot_block[b]; });
+      for (unsigned sl : held) deliver(sl);
+      held.clear();
     }
     if (!status.ok()) next = blocks.size();
   }

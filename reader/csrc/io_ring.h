@@ -46,6 +46,14 @@ class AlignedBuffer {
 
 class IoRing {
  public:
+  // Order in which completed reads reach the callbacks. kArrival (the default) is the
+  // kernel's; kReverse holds every completion of a window of in-flight reads (up to `depth`)
+  // and delivers them in descending request order — a test-only knob that makes callers'
+  // assumptions about completion order fail deterministically instead of by chance.
+  enum class CompletionOrder { kArrival, kReverse };
+  static void SetCompletionOrderForTesting(CompletionOrder order);
+  static CompletionOrder completion_order();
+
   // Called for each completed run with its bytes (count * page_size). A non-OK status stops
   // the batch; the remaining in-flight reads are drained before returning.
   using RunCallback = std::function<Status(const PageRun& run, const uint8_t* data)>;
@@ -63,8 +71,13 @@ class IoRing {
     uint64_t offset;
     uint32_t len;
   };
+  // `idle`, when given, runs after every submission while reads are in flight: the caller's
+  // own work (pooling rows that already arrived) overlaps the I/O instead of draining the
+  // queue. The callbacks only copy out, so slots are refilled right after each reap.
   using BlockCallback = std::function<Status(size_t block, const uint8_t* data)>;
-  Status ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb);
+  using IdleFn = std::function<Status()>;
+  Status ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb,
+                    const IdleFn& idle = nullptr);
   // Writes each run from src (count * page_size bytes each, aligned); all submitted together.
   Status WriteRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                    const std::vector<const uint8_t*>& src);

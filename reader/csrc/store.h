@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "reader/csrc/block_sums.h"
 #include "reader/csrc/format.h"
 #include "reader/csrc/io_ring.h"
 #include "reader/csrc/merger.h"
@@ -53,6 +54,10 @@ struct StoreOptions {
   // sync, as with the WAL and sync_on_write off; an importer resumes from its last sync.
   bool bulk_load = false;
   unsigned queue_depth = 32;              // io_uring requests in flight
+  // Block-granular row reads (Store::GatherRows) are checked against crc32c sums of their
+  // 512 B blocks taken from checksum-verified whole-page reads; a packed page without sums is
+  // read whole once first. false: block reads are not verified (no DRAM for the sums).
+  bool verify_block_reads = true;
   // Accounting mode: the same flush, pinner, merger and reclamation decide the same layout,
   // but pages are not written (nor the WAL, nor the metadata), merges find their records
   // through the key index instead of reading pages, and reads are costed with AccountScan.
@@ -124,7 +129,18 @@ struct GatherStats {
   uint64_t page_rows = 0;     // served by whole-page reads (rows not in the packed layout)
   uint64_t device_reads = 0;  // read requests issued
   uint64_t device_bytes = 0;  // bytes requested from the device
-  double seconds = 0;
+  uint64_t verified_blocks = 0;  // block reads checked against their block checksums
+  uint64_t first_touch_pages = 0;  // packed pages read whole to take their block checksums
+  double seconds = 0;           // until the rows were complete
+};
+
+// One table's part of Store::GatherRowsMany.
+struct GatherRequest {
+  std::string feature;
+  const uint64_t* ids = nullptr;  // ascending, unique
+  size_t n = 0;
+  float* out = nullptr;           // n x dim, written
+  GatherStats* stats = nullptr;
 };
 
 struct Version {
@@ -168,9 +184,23 @@ class Store {
   // layout load + compact() produce) has a computed address, and vector_grained reads just
   // the device blocks holding it (a 128-byte row: one 512-byte read); other rows are found
   // through the key index and read with their page (checksum verified), buffered updates
-  // come from DRAM. Block reads cannot verify a page checksum; the page path does.
+  // come from DRAM. Block reads cannot verify a page checksum (it covers the whole page), so
+  // with verify_block_reads they are checked against crc32c sums of their blocks taken from
+  // a verified whole-page read of the same page version (BlockSums); a mismatch is a
+  // Corruption naming the file, offset, page and row.
   Status GatherRows(const std::string& feature, const uint64_t* ids, size_t n, bool vector_grained, float* out,
                     GatherStats* st);
+  // Several tables' rows in one ring pass: all block reads are queued together (the queue
+  // does not drain between tables) and `done(r)` runs as soon as request r's rows are all in
+  // its `out`, while the reads of other requests are still in flight — so the caller's work
+  // on r (pooling) overlaps the I/O. A request may name the same table as another.
+  using GatherDoneFn = std::function<Status(size_t request)>;
+  Status GatherRowsMany(const std::vector<GatherRequest>& requests, bool vector_grained, const GatherDoneFn& done);
+  // Reads every packed page of an embedding table whose block checksums are not held yet
+  // (whole pages, large coalesced reads, page checksums verified) and takes their block
+  // checksums, so later block-granular reads of the table are verified without a first-touch
+  // page read. Returns the pages read.
+  Status VerifyRows(const std::string& feature, uint64_t* pages_read);
   uint32_t block_size() const { return block_size_; }
 
   std::string StatsJson();
@@ -231,6 +261,7 @@ class Store {
   void FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st);
   Status CheckOpen();
   Status CheckReadable();
+  BlockSums* LoadedBlockSums();  // null when block reads are not verified
   Status FeatureFor(const std::string& name, FeatureDef* def);
 
   StoreOptions o_;
@@ -242,6 +273,8 @@ class Store {
   std::unique_ptr<IoRing> write_ring_;
   std::unique_ptr<IoRingPool> block_rings_;  // small slots, deep queue: vector-grained reads
   uint32_t block_size_ = 512;                // device logical block (O_DIRECT alignment)
+  std::unique_ptr<BlockSums> block_sums_;    // checksums of blocks that vector reads verify
+  std::once_flag block_sums_loaded_;
 
   // Writer side (guarded by write_mu_).
   std::mutex write_mu_;

@@ -130,8 +130,13 @@ struct PersistentState {
 class MetaStore {
  public:
   ~MetaStore();
-  // Opens (creating if `create`) the RocksDB directory.
-  Status Open(const std::string& dir, bool create);
+  // Opens (creating if `create`) the RocksDB directory. read_only: RocksDB's read-only
+  // instance (no LOCK taken, nothing written; a live writer's WAL is replayed in memory),
+  // a snapshot of the metadata as of the open.
+  Status Open(const std::string& dir, bool create, bool read_only = false);
+  // The state record as committed now (a fresh read-only open): lets a read-only handle
+  // tell "a writer moved on since my snapshot" from real corruption.
+  static Status ReadCurrentState(const std::string& dir, PersistentState* st);
   void Close() { db_.reset(); }
   Status ReadFormat(std::string* value, bool* found);
   Status WriteFormat(const std::string& value);

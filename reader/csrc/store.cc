@@ -16,6 +16,7 @@
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 namespace recflash {
@@ -201,14 +202,21 @@ Store::~Store() {
 }
 
 Status Store::Open(const std::string& path, const StoreOptions& options, std::unique_ptr<Store>* out) {
-  std::unique_ptr<Store> s(new Store(options));
-  Status st = s->OpenImpl(path);
-  if (!st.ok()) {
+  // A read-only open races a live writer (a WAL file retired between listing and reading
+  // it): it then simply takes a newer snapshot.
+  const int attempts = options.read_only ? 5 : 1;
+  Status st;
+  for (int i = 0; i < attempts; i++) {
+    std::unique_ptr<Store> s(new Store(options));
+    st = s->OpenImpl(path);
+    if (st.ok()) {
+      *out = std::move(s);
+      return Status::OK();
+    }
     s->closed_ = true;  // nothing to flush
-    return st;
+    if (st.code() != Status::Code::kStale) break;
   }
-  *out = std::move(s);
-  return Status::OK();
+  return st;
 }
 
 Status Store::OpenImpl(const std::string& path) {
@@ -224,6 +232,11 @@ Status Store::OpenImpl(const std::string& path) {
   const fs::path root(path);
   if (fs::exists(root, ec) && !fs::is_directory(root, ec))
     return Status::NotAStore("'" + path + "' is not a recflash store: it exists and is not a directory");
+  if (o_.read_only && o_.accounting)
+    return Status::InvalidArgument("store '" + path + "': read_only and accounting cannot be combined");
+  if (o_.read_only && !fs::exists(root / kMarkerName, ec))
+    return Status::NotAStore("'" + path + "' is not a recflash store (no " + kMarkerName +
+                             " marker): a read-only open needs an existing store");
   if (!fs::exists(root, ec)) {
     fs::create_directories(root, ec);
     if (ec) return Status::IOError("cannot create store directory '" + path + "': " + ec.message());
@@ -268,6 +281,20 @@ Status Store::OpenImpl(const std::string& path) {
       return Status::NotAStore("'" + path + "' has store format " + std::to_string(format) + "; this build reads format " +
                                std::to_string(kFormatVersion));
     o_.page_size = stored_ps;  // the page size is fixed at creation
+  }
+
+  if (o_.read_only) {
+    // No LOCK: readers coexist with each other and with one writer. Safety comes from the
+    // snapshot (metadata as of the open) and the per-read seq check, not from locking.
+    wal_dir_ = (root / "wal").string();
+    RF_RETURN_IF_ERROR(meta_.Open((root / "meta").string(), false, true));
+    pages_path_ = (root / "pages.dat").string();
+    RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io, true));
+    const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
+    rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
+    RF_RETURN_IF_ERROR(IoRing::Create(o_.queue_depth, slot_bytes, &write_ring_));
+    block_rings_ = std::make_unique<IoRingPool>(128, 4096);
+    return RecoverReadOnly();
   }
 
   const std::string lock_path = (root / "LOCK").string();
@@ -341,6 +368,103 @@ Status Store::Recover() {
   std::lock_guard<std::mutex> wl(write_mu_);
   if (buffer_.bytes() >= o_.write_buffer_bytes) return FlushLocked(false);
   return Status::OK();
+}
+
+Status Store::RecoverReadOnly() {
+  const double t0 = Now();
+  bool found = false;
+  RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
+  std::vector<FeatureDef> defs;
+  RF_RETURN_IF_ERROR(meta_.LoadFeatures(&defs));
+  for (const auto& d : defs) {
+    FeatureState* f = features_.Add(d);
+    f->index.track_lengths(d.variable());
+    defs_[d.name] = d;
+  }
+  std::vector<std::pair<uint32_t, PageMeta>> pages;
+  RF_RETURN_IF_ERROR(meta_.LoadPages(&pages));
+  for (auto& [pid, pm] : pages) {
+    for (const auto& sm : pm.segs)
+      if (!features_.Get(sm.fid))
+        return Status::Corruption("page record " + std::to_string(pid) + " names unknown feature id " +
+                                  std::to_string(sm.fid) + " in '" + path_ + "'");
+    pages_.MarkLive(pid, pm.seq, std::move(pm.segs));
+  }
+  ResetDerivedLocked();
+  // Derived state without reading pages: every record of a non-retired segment is taken as
+  // valid. Counts in stats() are then upper bounds until EnsureKeyIndex() runs.
+  for (uint32_t p = 0; p < pages_.slots(); p++) {
+    PageMeta& pm = pages_.at(p);
+    if (!pm.live) continue;
+    for (auto& sm : pm.segs) {
+      if (sm.retired) continue;
+      FeatureState* f = features_.Get(sm.fid);
+      const uint32_t w = f->def.fixed_width();
+      const uint32_t items = sm.count - sm.tombs;
+      sm.valid = sm.count;
+      sm.valid_bytes = w ? static_cast<uint64_t>(items) * ItemBytes(w) : static_cast<uint64_t>(items) * 8 + sm.length;
+      f->pages.push_back(p);
+      f->live_items += items;
+      f->live_bytes += sm.valid_bytes;
+      f->tombs += sm.tombs;
+    }
+  }
+  key_index_ready_ = false;
+  uint64_t max_no = 0;
+  RF_RETURN_IF_ERROR(ReplayWal(&max_no));
+  current_ = BuildVersion(1);
+  recovery_seconds_ = Now() - t0;
+  return Status::OK();
+}
+
+void Store::ResetDerivedLocked() {
+  for (FeatureState* f : features_.All()) {
+    f->index = KeyIndex();
+    f->index.track_lengths(f->def.variable());
+    f->pages.clear();
+    f->live_items = f->live_bytes = f->tombs = 0;
+  }
+  for (uint32_t p = 0; p < pages_.slots(); p++)
+    for (auto& sm : pages_.at(p).segs) {
+      sm.valid = 0;
+      sm.valid_bytes = 0;
+    }
+}
+
+Status Store::EnsureKeyIndex() {
+  std::lock_guard<std::mutex> wl(write_mu_);
+  if (key_index_ready_) return Status::OK();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ResetDerivedLocked();
+  }
+  // The checkpoint describes the state at a writer's clean close; it is used only when its
+  // seq and page count match this snapshot (LoadCheckpoint checks), else the pages are read.
+  opened_from_checkpoint_ = LoadCheckpoint();
+  if (!opened_from_checkpoint_) {
+    Status s = RebuildFromPages();
+    if (!s.ok()) return ExplainReadFailure(s);
+  }
+  auto v = BuildVersion(current_->number + 1);
+  std::lock_guard<std::mutex> l(mu_);
+  current_ = v;
+  key_index_ready_ = true;
+  return Status::OK();
+}
+
+Status Store::ExplainReadFailure(const Status& s) {
+  if (!o_.read_only || s.code() != Status::Code::kCorruption) return s;
+  // A page that fails verification under a read-only handle is most likely one a writer
+  // rewrote, punched or is writing since this snapshot: the committed state moved on. Check
+  // twice, since a writer commits its metadata only after its pages are durable.
+  for (int i = 0; i < 2; i++) {
+    PersistentState now;
+    if (MetaStore::ReadCurrentState(path_ + "/meta", &now).ok() && now.next_seq != pstate_.next_seq)
+      return Status::Stale("store '" + path_ + "' was changed by a writer since this read-only handle opened (" +
+                           s.message() + "); reopen the store to read the current data");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return s;
 }
 
 Status Store::RebuildFromPages() {
@@ -558,12 +682,15 @@ Status Store::ReplayWal(uint64_t* max_number) {
     const std::string name = WalFileName(wal_dir_, no);
     *max_number = std::max(*max_number, no);
     if (no < pstate_.wal_start) {
-      ::unlink(name.c_str());  // its items are in committed pages
+      if (!o_.read_only) ::unlink(name.c_str());  // its items are in committed pages
       continue;
     }
     std::error_code ec;
+    if (!fs::exists(name, ec) && o_.read_only)
+      return Status::Stale("store '" + path_ + "': WAL file '" + name + "' was retired by a writer during the "
+                           "read-only open; reopen");
     if (fs::file_size(name, ec) == 0 && !ec) {
-      ::unlink(name.c_str());  // holds nothing (e.g. the fresh file of a session that wrote nothing)
+      if (!o_.read_only) ::unlink(name.c_str());  // holds nothing (e.g. the fresh file of a session that wrote nothing)
       continue;
     }
     bool torn = false;
@@ -619,6 +746,13 @@ Status Store::CheckReadable() {
   return Status::OK();
 }
 
+Status Store::CheckWritable() {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  if (o_.read_only)
+    return Status::ReadOnly("store '" + path_ + "' is open read-only; open it without read_only to write");
+  return Status::OK();
+}
+
 Status Store::CheckOpen() {
   if (closed_) return Status::Closed("store '" + path_ + "' is closed");
   return Status::OK();
@@ -645,7 +779,7 @@ Status Store::FeatureFor(const std::string& name, FeatureDef* def) {
 }
 
 Status Store::CreateFeature(const std::string& name, const std::string& type, FeatureDef* out) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   if (name.empty() || name.size() > 255)
     return Status::InvalidArgument("feature name must be 1..255 bytes, got " + std::to_string(name.size()));
   ValueType vt;
@@ -704,7 +838,7 @@ std::vector<FeatureDef> Store::Features() {
 
 Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values,
                   size_t values_len, const int64_t* offsets) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
   if (n == 0) return Status::OK();
@@ -742,7 +876,7 @@ Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, co
 }
 
 Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
   if (n == 0) return Status::OK();
@@ -809,14 +943,14 @@ Status Store::Write(WriteOp* w) {
 }
 
 Status Store::Sync() {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> wl(write_mu_);
   RF_RETURN_IF_ERROR(bg_error_);
   return wal_.Sync();
 }
 
 Status Store::Flush(bool force) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> wl(write_mu_);
   return FlushLocked(force);
 }
@@ -1067,7 +1201,7 @@ Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint3
     if (pages_.at(p).live) MetaStore::PutPage(&b, p, pages_.at(p));
   for (uint32_t p : freed) MetaStore::DeletePage(&b, p);
   MetaStore::PutState(&b, pstate_);
-  if (!o_.accounting) RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  if (!o_.accounting && !o_.read_only) RF_RETURN_IF_ERROR(meta_.Commit(&b));
   for (uint32_t p : freed) pages_.MarkDead(p);
   return Status::OK();
 }
@@ -1114,7 +1248,7 @@ std::shared_ptr<const Version> Store::BuildVersion(uint64_t number) {
 // Merger and reclamation
 
 Status Store::Compact(const std::vector<std::string>& names) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   std::vector<FeatureDef> defs;
   for (const auto& n : names) {
     FeatureDef d;
@@ -1406,6 +1540,11 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     for (const auto& [i, j] : users[pid]) {
       const FeatureDef& def = defs[i];
+      if (pv.seq() != refs[i][j].seq)
+        return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                             "' was rewritten by a writer since this read-only handle opened (seq " +
+                             std::to_string(pv.seq()) + ", snapshot expects " + std::to_string(refs[i][j].seq) +
+                             "); reopen the store to read the current data");
       SegmentView sv;
       if (!pv.Find(def.id, &sv))
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
@@ -1458,7 +1597,8 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   if (!pids.empty()) {
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, cb));
+    Status rs = ReadPages(ring.get(), pids, cb);
+    if (!rs.ok()) return ExplainReadFailure(rs);
   }
 
   uint64_t useful = 0, items = 0;
@@ -1684,6 +1824,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());
+  RF_RETURN_IF_ERROR(EnsureKeyIndex());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
   const uint32_t w = def.fixed_width();
@@ -1745,6 +1886,10 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   double encoded = 0;
   std::vector<uint64_t> tmp;
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    // (pages_ is immutable on a read-only handle once its key index is built.)
+    if (o_.read_only && pv.seq() != pages_.at(pid).seq)
+      return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                           "' was rewritten by a writer since this read-only handle opened; reopen the store");
     SegmentView sv;
     if (!pv.Find(def.id, &sv))
       return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
@@ -1775,7 +1920,8 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   if (!pids.empty()) {
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, cb));
+    Status rs = ReadPages(ring.get(), pids, cb);
+    if (!rs.ok()) return ExplainReadFailure(rs);
   }
   // Output aligned with the request.
   out->keys.assign(keys, keys + n);
@@ -1800,6 +1946,20 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
     if (!w) out->offsets.push_back(static_cast<int32_t>(out->values.size() / elem));
   }
   FinishRead(pids.size(), useful, encoded, items, t0, st);
+  return Status::OK();
+}
+
+Status Store::KeyRanges(const std::string& name, std::vector<PageRef>* out) {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  std::shared_ptr<const Version> v;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    v = current_;
+  }
+  out->clear();
+  if (def.id < v->features.size() && v->features[def.id]) *out = *v->features[def.id];  // sorted by min_key
   return Status::OK();
 }
 
@@ -1832,6 +1992,10 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());
+  RF_RETURN_IF_ERROR(EnsureKeyIndex());
+  // Block reads carry no checksum; a read-only handle may race a writer reusing slots, so it
+  // reads whole (verified) pages only.
+  if (o_.read_only) vector_grained = false;
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
   if (def.type != ValueType::kFixedFloat32)
@@ -1941,7 +2105,10 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
     std::vector<uint64_t> keys;
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
+    Status rs = ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
+      if (o_.read_only && pv.seq() != pages_.at(pid).seq)
+        return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                             "' was rewritten by a writer since this read-only handle opened; reopen the store");
       SegmentView sv;
       if (!pv.Find(def.id, &sv))
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks the segment of '" +
@@ -1963,7 +2130,8 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
         std::memcpy(out + static_cast<size_t>(i) * dim, p, w);
       }
       return Status::OK();
-    }));
+    });
+    if (!rs.ok()) return ExplainReadFailure(rs);
     st->page_rows = by_page.size();
     st->device_reads += CoalescePages(pids, rings_ ? (o_.max_io_bytes / ps) : 1).size();
     st->device_bytes += pids.size() * static_cast<uint64_t>(ps);
@@ -1978,7 +2146,11 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
 Status Store::Close() {
   if (closed_) return Status::OK();
   Status s;
-  {
+  if (o_.read_only) {
+    std::unique_lock<std::mutex> l(mu_);
+    closed_ = true;
+    readers_cv_.wait(l, [&] { return readers_.empty(); });
+  } else {
     std::lock_guard<std::mutex> wl(write_mu_);
     if (bg_error_.ok()) s = FlushLocked(true);
     Status s2 = wal_.Sync();
@@ -2062,6 +2234,8 @@ std::string Store::StatsJson() {
   j.KV("flushes", static_cast<double>(flushes_));
   j.KV("recovery_seconds", recovery_seconds_);
   j.KV("recovered_wal_records", static_cast<double>(recovered_wal_records_));
+  j.Key("read_only");
+  j.Bool(o_.read_only);
   j.Key("opened_from_checkpoint");
   j.Bool(opened_from_checkpoint_);
   j.Key("direct_io");

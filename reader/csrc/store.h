@@ -53,6 +53,12 @@ struct StoreOptions {
   // Reaches dataset sizes the disk cannot hold; nothing survives close().
   bool accounting = false;
   uint32_t max_io_bytes = 256u << 10;     // largest coalesced read
+  // Read-only handle (many processes at once, e.g. Ray read tasks): no LOCK taken, RocksDB
+  // opened read-only, the WAL replayed into DRAM without touching files, no checkpoint
+  // consumed, writes refused. The handle reads the snapshot of its open; every page read
+  // checks the page's seq against it, so a page a writer rewrote since then fails with a
+  // Stale status (reopen) instead of returning other data.
+  bool read_only = false;
   PinnerOptions pinner;
   MergerOptions merger;
   ReclaimOptions reclaim;
@@ -100,7 +106,9 @@ struct ColumnData {
   std::vector<uint8_t> found;    // get(): 1 where the key has a value
 };
 
-// Snapshot of which pages hold each feature's valid items.
+// Snapshot of which pages hold each feature's valid items. (A read-only handle that has not
+// built its key index counts every record of a non-retired segment as valid: reads stay
+// exact because the newest seq wins per key, only direct placement needs disjoint pages.)
 struct PageRef {
   uint32_t page;
   uint32_t count;
@@ -156,6 +164,11 @@ class Store {
   // What scanning a whole feature would read, from the metadata alone (no I/O): pages,
   // bytes, useful and encoded bytes. Works in both modes.
   Status AccountScan(const std::string& feature, ReadStats* st);
+  // Key range and record count of every page holding the feature in the current snapshot,
+  // ascending by min_key (ranges may overlap where old versions are not yet merged). Used to
+  // split a scan into key ranges of similar size; buffered items are not counted.
+  Status KeyRanges(const std::string& feature, std::vector<PageRef>* out);
+  bool read_only() const { return o_.read_only; }
 
   // Rows of an embedding table (a fixed_size_list<float32, D> feature) for `ids` (ascending,
   // unique) into out[n x D]. A row in a packed page (one feature, run keys, all valid — the
@@ -180,6 +193,16 @@ class Store {
   explicit Store(const StoreOptions& o);
   Status OpenImpl(const std::string& path);
   Status Recover();
+  // Read-only open: metadata and WAL only, no page read (see StoreOptions::read_only).
+  Status RecoverReadOnly();
+  // Read-only handles build the key index (for get() and row gathers) on first use, from
+  // the checkpoint when it matches their snapshot, else by reading the live pages.
+  Status EnsureKeyIndex();
+  void ResetDerivedLocked();
+  Status CheckWritable();
+  // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
+  // or the file is corrupt (the original status).
+  Status ExplainReadFailure(const Status& s);
   Status RebuildFromPages();
   // Clean-shutdown checkpoint of the derived state (key indexes, valid counts), so a clean
   // reopen need not read every page. Consumed (deleted) at open: it only ever describes the
@@ -258,6 +281,7 @@ class Store {
   uint64_t flush_pages_written_ = 0;
   uint64_t recovered_wal_records_ = 0;
   bool opened_from_checkpoint_ = false;
+  bool key_index_ready_ = true;  // false on a read-only handle until EnsureKeyIndex
   double recovery_seconds_ = 0;
 };
 

@@ -7,7 +7,8 @@
 //   SegDesc[nseg]      per-feature directory: feature id, item count, body offset/length,
 //                      min/max key — a reader jumps straight to its feature's segment
 //   segment bodies     one per feature present in the page, items sorted by key:
-//                        u8 key_enc, u8 has_tomb, u16 pad, u32 keys_bytes
+//                        u8 enc (bit 0: varint keys; bits 4-7: packed int64 values, the
+//                           bytes per value), u8 has_tomb, u16 pad, u32 keys_bytes
 //                        keys: nothing when they are a run (min_key + i), else LEB128
 //                              varint deltas — dense integer keys cost 0 or 1 byte each
 //                        tombstone bitmap (only when the segment holds deletes)
@@ -15,13 +16,20 @@
 //                              their power-of-two factor (<= 512): a 128-byte embedding row
 //                              never straddles a 512-byte device block
 //                        values: fixed width: count * width bytes;
+//                                int64 packed (frame of reference): i64 base, then
+//                                  count * N-byte unsigned offsets from it (N = 1, 2, 4),
+//                                  when the segment's value range allows — 32-bit hashed ids
+//                                  take 4 bytes, small counts 1 or 2, instead of 8;
 //                                variable: u32 offsets[count + 1], then the bytes
+//                      (Pages written before packing existed have enc bits 4-7 zero and
+//                      read unchanged.)
 //
 // `seq` orders pages: for a key stored in several pages (an old version not yet reclaimed),
 // the page with the highest seq holds the current version. Recovery relies on this.
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,6 +111,8 @@ class PageBuilder {
   struct Seg {
     uint32_t fid = 0;
     uint32_t width = 0;  // 0 = variable
+    bool packable = false;  // int64: values may be stored frame-of-reference packed
+    int64_t vmin = 0, vmax = 0;  // value range of the slots (packable only)
     std::vector<uint64_t> keys;
     std::vector<uint8_t> tomb;
     std::vector<uint8_t> values;
@@ -114,8 +124,9 @@ class PageBuilder {
     uint64_t item_bytes = 0;
     uint32_t BodyBytes() const;
   };
+  // pack: bytes per packed value (0 = plain).
   static uint32_t SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
-                           uint64_t value_bytes);
+                           uint64_t value_bytes, uint32_t pack = 0);
   uint32_t page_size_;
   std::vector<Seg> segs_;
   uint32_t closed_bytes_ = 0;  // header + finished segments
@@ -134,7 +145,8 @@ struct SegmentView {
   const uint8_t* keys = nullptr;  // varint stream when !run_keys
   uint32_t keys_bytes = 0;
   const uint8_t* tomb = nullptr;  // bitmap or nullptr
-  const uint8_t* values = nullptr;
+  const uint8_t* values = nullptr;  // packed int64 segments: widened into `unpacked`
+  std::shared_ptr<std::vector<int64_t>> unpacked;
   uint32_t width = 0;  // filled by the caller from the feature definition (0 = variable)
   uint32_t length = 0;  // on-disk bytes of the segment, directory entry included
   double bytes_per_record() const { return count ? static_cast<double>(length) / count : 0.0; }
@@ -156,6 +168,12 @@ struct SegmentView {
     }
   }
 };
+
+// Bytes per frame-of-reference packed value for a value range (8: no packing pays).
+inline uint32_t PackBytes(int64_t vmin, int64_t vmax) {
+  const uint64_t range = static_cast<uint64_t>(vmax) - static_cast<uint64_t>(vmin);
+  return range <= 0xffu ? 1 : range <= 0xffffu ? 2 : range <= 0xffffffffu ? 4 : 8;
+}
 
 class PageView {
  public:

@@ -157,13 +157,40 @@ bool TakeVec(const char** p, const char* end, size_t n, std::vector<T>* v) {
 }
 }  // namespace
 
+// Checkpoint form, compact because the checkpoint lives next to the pages on disk: keys as
+// LEB128 deltas (one byte per key for near-dense ids), locations as runs (consecutive keys
+// mostly live in the same page), lengths raw.
 void KeyIndex::Serialize(std::string* out) const {
   Put<uint8_t>(out, dense_ ? 1 : 0);
   Put<uint8_t>(out, track_lens_ ? 1 : 0);
   Put<uint64_t>(out, base_);
   Put<uint64_t>(out, locs_.size());
-  if (!dense_) out->append(reinterpret_cast<const char*>(keys_.data()), keys_.size() * 8);
-  out->append(reinterpret_cast<const char*>(locs_.data()), locs_.size() * 4);
+  if (!dense_) {
+    std::string deltas;
+    uint64_t prev = 0;
+    for (uint64_t k : keys_) {
+      uint64_t d = k - prev;
+      prev = k;
+      while (d >= 0x80) {
+        deltas.push_back(static_cast<char>(d | 0x80));
+        d >>= 7;
+      }
+      deltas.push_back(static_cast<char>(d));
+    }
+    Put<uint64_t>(out, deltas.size());
+    out->append(deltas);
+  }
+  std::vector<uint32_t> runs;  // (loc, count) pairs
+  for (size_t i = 0; i < locs_.size(); i++) {
+    if (!runs.empty() && runs[runs.size() - 2] == locs_[i] && runs.back() < UINT32_MAX) {
+      runs.back()++;
+    } else {
+      runs.push_back(locs_[i]);
+      runs.push_back(1);
+    }
+  }
+  Put<uint64_t>(out, runs.size() / 2);
+  out->append(reinterpret_cast<const char*>(runs.data()), runs.size() * 4);
   if (track_lens_) out->append(reinterpret_cast<const char*>(lens_.data()), lens_.size() * 4);
 }
 
@@ -175,8 +202,36 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
   track_lens_ = track != 0;
   keys_.clear();
   lens_.clear();
-  if (!dense_ && !TakeVec(p, end, n, &keys_)) return false;
-  if (!TakeVec(p, end, n, &locs_)) return false;
+  if (!dense_) {
+    uint64_t nbytes;
+    if (!Take(p, end, &nbytes) || static_cast<uint64_t>(end - *p) < nbytes) return false;
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(*p);
+    const uint8_t* qe = q + nbytes;
+    keys_.resize(n);
+    uint64_t prev = 0;
+    for (uint64_t i = 0; i < n; i++) {
+      uint64_t d = 0;
+      int shift = 0;
+      for (;;) {
+        if (q >= qe || shift > 63) return false;
+        const uint8_t b = *q++;
+        d |= static_cast<uint64_t>(b & 0x7f) << shift;
+        if (!(b & 0x80)) break;
+        shift += 7;
+      }
+      prev += d;
+      keys_[i] = prev;
+    }
+    if (q != qe) return false;
+    *p = reinterpret_cast<const char*>(qe);
+  }
+  uint64_t nruns;
+  std::vector<uint32_t> runs;
+  if (!Take(p, end, &nruns) || !TakeVec(p, end, nruns * 2, &runs)) return false;
+  locs_.clear();
+  locs_.reserve(n);
+  for (uint64_t r = 0; r < nruns; r++) locs_.insert(locs_.end(), runs[2 * r + 1], runs[2 * r]);
+  if (locs_.size() != n) return false;
   if (track_lens_ && !TakeVec(p, end, n, &lens_)) return false;
   return true;
 }

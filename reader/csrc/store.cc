@@ -565,7 +565,7 @@ Status Store::RebuildFromPages() {
 }
 
 namespace {
-constexpr uint64_t kCheckpointMagic = 0x31544b4348434652ull;  // "RFCHCKT1"
+constexpr uint64_t kCheckpointMagic = 0x32544b4348434652ull;  // "RFCHCKT2": compact key index form
 }
 
 Status Store::WriteCheckpoint() {

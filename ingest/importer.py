@@ -97,7 +97,8 @@ def _open_store(path: str, opts: ImportOptions):
     from recflash.reader import Store, StoreOptions
 
     wb = int(opts.write_buffer_mb * (1 << 20))
-    return Store.open(path, StoreOptions(page_size=opts.page_size, write_buffer_bytes=wb))
+    # Imported tables are mostly ids and counts: compact pages store int64 values packed.
+    return Store.open(path, StoreOptions(page_size=opts.page_size, write_buffer_bytes=wb, compact_pages=True))
 
 
 class _Reader(threading.Thread):

@@ -43,6 +43,11 @@ class StoreOptions:
     #: The handle reads the snapshot of its open; a page a writer rewrote since then raises
     #: StaleSnapshotError (reopen) rather than returning other data.
     read_only: bool = False
+    #: Compact pages: int64 values packed frame-of-reference (1, 2 or 4 bytes by each page
+    #: segment's value range instead of 8). Off by default so item sizes stay what the
+    #: amplification benchmarks assume; `recflash import` turns it on. Only affects what
+    #: this handle writes; every reader reads both forms. Ignored in accounting mode.
+    compact_pages: bool = False
     #: fsync the WAL on every put/delete. Off: durability points are sync() and flush().
     sync_on_write: bool = False
     #: io_uring requests in flight per reader.

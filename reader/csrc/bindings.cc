@@ -142,6 +142,7 @@ StoreOptions OptionsFromDict(const py::dict& d) {
   get("direct_io", o.direct_io);
   get("accounting", o.accounting);
   get("read_only", o.read_only);
+  get("compact_pages", o.compact_pages);
   get("sync_on_write", o.sync_on_write);
   get("queue_depth", o.queue_depth);
   get("max_io_bytes", o.max_io_bytes);

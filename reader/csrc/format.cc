@@ -53,8 +53,9 @@ uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool
 }
 
 uint32_t PageBuilder::Seg::BodyBytes() const {
-  return SegBytes(static_cast<uint32_t>(keys.size()), run, varint_bytes, any_tomb, width, values.size(),
-                  packable ? PackBytes(vmin, vmax) : 0);
+  return SegBytes(static_cast<uint32_t>(keys.size()), run,
+                  KeyBytes(varint_bytes, keys.empty() ? 0 : keys.back() - keys.front() + 1, bitmap_ok), any_tomb,
+                  width, values.size(), packable ? PackBytes(vmin, vmax) : 0);
 }
 
 uint32_t PageBuilder::used_bytes() const {
@@ -65,7 +66,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   const uint32_t width = f.fixed_width();
   const bool new_seg = segs_.empty() || segs_.back().fid != f.id;
   const uint32_t vlen = tomb ? width : len;  // fixed-width tombstones keep a zeroed slot
-  const bool packable = f.type == ValueType::kInt64;
+  const bool packable = compact_ && f.type == ValueType::kInt64;
   int64_t v = 0;  // a tombstone's slot holds 0
   if (packable && !tomb) std::memcpy(&v, value, 8);
   uint32_t before = closed_bytes_;
@@ -77,7 +78,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
     const Seg& s = segs_.back();
     const uint32_t n = static_cast<uint32_t>(s.keys.size());
     const bool run = s.run && key == s.keys.front() + n;
-    const uint32_t vb = s.varint_bytes + VarintSize(key - s.keys.back());
+    const uint32_t vb = KeyBytes(s.varint_bytes + VarintSize(key - s.keys.back()), key - s.keys.front() + 1, compact_);
     const uint32_t pack = packable ? PackBytes(std::min(s.vmin, v), std::max(s.vmax, v)) : 0;
     after = closed_bytes_ + SegBytes(n + 1, run, vb, s.any_tomb || tomb, width, s.values.size() + (width ? 0 : vlen),
                                      pack);
@@ -91,6 +92,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
     s.fid = f.id;
     s.width = width;
     s.packable = packable;
+    s.bitmap_ok = compact_;
     s.vmin = s.vmax = v;
     s.varint_bytes = 1;  // first delta (0) is one byte
     if (!width) s.offsets.push_back(0);
@@ -131,7 +133,16 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
     uint8_t* body = buf + off;
     uint8_t* p = body + kSegBodyHeader;
     uint32_t keys_bytes = 0;
-    if (!s.run) {
+    const uint64_t span = s.keys.back() - s.keys.front() + 1;
+    if (!s.run && KeyBytes(s.varint_bytes, span, s.bitmap_ok) < s.varint_bytes) {
+      keys_bytes = static_cast<uint32_t>((span + 7) / 8);
+      for (uint32_t j = 0; j < n; j++) {
+        const uint64_t x = s.keys[j] - s.keys.front();
+        p[x >> 3] |= static_cast<uint8_t>(1u << (x & 7));
+      }
+      p += keys_bytes;
+      body[0] = 2;
+    } else if (!s.run) {
       uint8_t* k0 = p;
       uint64_t prev = s.keys.front();
       for (uint32_t j = 0; j < n; j++) {
@@ -140,7 +151,7 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
       }
       keys_bytes = static_cast<uint32_t>(p - k0);
     }
-    body[0] = s.run ? 0 : 1;
+    if (body[0] != 2) body[0] = s.run ? 0 : 1;
     body[1] = s.any_tomb ? 1 : 0;
     std::memcpy(body + 4, &keys_bytes, 4);
     if (s.any_tomb) {
@@ -237,7 +248,8 @@ SegmentView PageView::Segment(uint32_t i) const {
   v.max_key = d.max_key;
   v.length = d.length + sizeof(SegDesc);
   const uint8_t* body = buf_ + d.offset;
-  v.run_keys = (body[0] & 1) == 0;
+  v.run_keys = (body[0] & 3) == 0;
+  v.bitmap_keys = (body[0] & 2) != 0;
   const uint32_t pack = body[0] >> 4;
   std::memcpy(&v.keys_bytes, body + 4, 4);
   const uint8_t* p = body + kSegBodyHeader;
@@ -294,6 +306,18 @@ bool PageView::Find(uint32_t feature_id, SegmentView* out) const {
 void SegmentView::DecodeKeys(uint64_t* out) const {
   if (run_keys) {
     for (uint32_t i = 0; i < count; i++) out[i] = min_key + i;
+    return;
+  }
+  if (bitmap_keys) {
+    uint32_t i = 0;
+    for (uint32_t byte = 0; byte < keys_bytes && i < count; byte++) {
+      uint8_t b = keys[byte];
+      while (b) {
+        const int bit = __builtin_ctz(b);
+        out[i++] = min_key + (static_cast<uint64_t>(byte) << 3) + bit;
+        b &= static_cast<uint8_t>(b - 1);
+      }
+    }
     return;
   }
   const uint8_t* p = keys;

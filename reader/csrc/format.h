@@ -7,10 +7,13 @@
 //   SegDesc[nseg]      per-feature directory: feature id, item count, body offset/length,
 //                      min/max key — a reader jumps straight to its feature's segment
 //   segment bodies     one per feature present in the page, items sorted by key:
-//                        u8 enc (bit 0: varint keys; bits 4-7: packed int64 values, the
-//                           bytes per value), u8 has_tomb, u16 pad, u32 keys_bytes
+//                        u8 enc (bit 0: varint keys; bit 1: key bitmap; bits 4-7: packed
+//                           int64 values, the bytes per value), u8 has_tomb, u16 pad,
+//                           u32 keys_bytes
 //                        keys: nothing when they are a run (min_key + i), else LEB128
-//                              varint deltas — dense integer keys cost 0 or 1 byte each
+//                              varint deltas — dense integer keys cost 0 or 1 byte each —
+//                              or (compact pages, when smaller) a bitmap over
+//                              [min_key, max_key]: 1 bit per key slot for near-dense keys
 //                        tombstone bitmap (only when the segment holds deletes)
 //                        pad bytes, so fixed-width values of >= 16 bytes start aligned to
 //                              their power-of-two factor (<= 512): a 128-byte embedding row
@@ -92,7 +95,11 @@ struct SegmentSummary {
 // and contiguously (one segment per feature per page).
 class PageBuilder {
  public:
-  explicit PageBuilder(uint32_t page_size) : page_size_(page_size) { Reset(); }
+  // compact: int64 segments frame-of-reference packed when their range allows, and key
+  // bitmaps where they are smaller than varint deltas (StoreOptions::compact_pages).
+  explicit PageBuilder(uint32_t page_size, bool compact = false) : page_size_(page_size), compact_(compact) {
+    Reset();
+  }
 
   void Reset();
   bool empty() const { return segs_.empty(); }
@@ -118,6 +125,7 @@ class PageBuilder {
     std::vector<uint8_t> values;
     std::vector<uint32_t> offsets;  // variable only: offsets[0] = 0
     uint32_t varint_bytes = 0;
+    bool bitmap_ok = false;  // compact: a key bitmap may replace the varints
     bool run = true;
     bool any_tomb = false;
     uint32_t tombs = 0;
@@ -128,6 +136,7 @@ class PageBuilder {
   static uint32_t SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
                            uint64_t value_bytes, uint32_t pack = 0);
   uint32_t page_size_;
+  bool compact_ = false;
   std::vector<Seg> segs_;
   uint32_t closed_bytes_ = 0;  // header + finished segments
 };
@@ -142,7 +151,8 @@ struct SegmentView {
   uint32_t count = 0;
   uint64_t min_key = 0, max_key = 0;
   bool run_keys = true;
-  const uint8_t* keys = nullptr;  // varint stream when !run_keys
+  bool bitmap_keys = false;       // keys is a bitmap over [min_key, max_key]
+  const uint8_t* keys = nullptr;  // varint stream when !run_keys (or the bitmap)
   uint32_t keys_bytes = 0;
   const uint8_t* tomb = nullptr;  // bitmap or nullptr
   const uint8_t* values = nullptr;  // packed int64 segments: widened into `unpacked`
@@ -168,6 +178,13 @@ struct SegmentView {
     }
   }
 };
+
+// Key bytes of a non-run segment: varints, or a bitmap over the key span when allowed and smaller.
+inline uint32_t KeyBytes(uint32_t varint_bytes, uint64_t span, bool bitmap_ok) {
+  if (!bitmap_ok || span == 0 || span > (1ull << 32)) return varint_bytes;  // (span 0: wrapped)
+  const uint64_t bm = (span + 7) / 8;
+  return bm < varint_bytes ? static_cast<uint32_t>(bm) : varint_bytes;
+}
 
 // Bytes per frame-of-reference packed value for a value range (8: no packing pays).
 inline uint32_t PackBytes(int64_t vmin, int64_t vmax) {

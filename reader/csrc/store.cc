@@ -1080,7 +1080,7 @@ Status Store::WriteRecordsLocked(std::vector<Rec>& recs, std::set<uint32_t>* dir
   std::vector<std::vector<SegmentSummary>> summaries;
   std::vector<uint64_t> seqs;
   std::vector<uint32_t> rec_page(recs.size());
-  PageBuilder pb(ps);
+  PageBuilder pb(ps, o_.compact_pages && !o_.accounting);
   AlignedBuffer scratch(o_.accounting ? ps : 0);  // accounting: pages are built, not kept
   auto page_ptr = [&](size_t i) {
     return o_.accounting ? scratch.data() : blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps);

@@ -59,6 +59,12 @@ struct StoreOptions {
   // checks the page's seq against it, so a page a writer rewrote since then fails with a
   // Stale status (reopen) instead of returning other data.
   bool read_only = false;
+  // Compact pages: int64 values stored frame-of-reference packed (1, 2 or 4 bytes each when a
+  // segment's value range allows; 32-bit hashed ids take 4 bytes, small counts 1-2). Off by
+  // default, so item sizes stay what the amplification benchmarks assume; `recflash import`
+  // turns it on. Readers need no option (segments describe themselves). Accounting mode
+  // ignores it: it does not know the values of records it merges.
+  bool compact_pages = false;
   PinnerOptions pinner;
   MergerOptions merger;
   ReclaimOptions reclaim;

@@ -475,9 +475,8 @@ def test_last_read_stats(store_path, opts):
         full = s.last_read_stats()
         for k in READ_STATS_KEYS:
             assert k in full, (k, full)
-        # 20000 int64 values 0..19999 (packed to 2 bytes each; dense keys stored as a run)
-        # need >= 9 pages
-        assert full["pages_read"] >= 20000 * 2 // PAGE_SIZE, full
+        # 20000 int64 values (160 KB; dense keys may be stored compressed) need >= 39 pages
+        assert full["pages_read"] >= 20000 * 8 // PAGE_SIZE, full
         assert full["bytes_read"] >= full["pages_read"] * 512, full
         # useful bytes are logical item bytes: 8 key bytes + the value
         assert full["useful_bytes"] == 20000 * 16, full
@@ -652,7 +651,7 @@ def test_space_bounded_under_endless_uniform_updates(store_path, merger_enabled)
     opts = small_options(write_buffer_bytes=64 << 10, merger_enabled=merger_enabled)
     feats = [f"f{i}" for i in range(40)]
     m = Model()
-    pages, amps = [], []
+    pages = []
     with Store.open(store_path, opts) as s:
         for f in feats:
             s.create_feature(f, "int64")
@@ -669,18 +668,13 @@ def test_space_bounded_under_endless_uniform_updates(store_path, merger_enabled)
                 s.put(f, k, v)
                 m.put(f, k, v.tolist())
             s.flush()
-            st = s.stats()
-            pages.append(st["pages_in_use"])
-            amps.append(st["space_amplification_pages"])
+            pages.append(s.stats()["pages_in_use"])
         st = s.stats()
         if not merger_enabled:
             assert st["reclaimer"]["runs"] > 0 and st["reclaimer"]["pages_released"] > 0, \
                 st["reclaimer"]
         assert max(pages[100:]) <= 1.35 * max(pages[40:80]), pages
-        # Pages in use / pages the live data needs (packed int64 values make the initial load
-        # small next to the per-segment overhead of the 20-item update batches, so the bound
-        # is on the ratio to the live data rather than to the initial page count).
-        assert max(amps) <= 1.1 * opts.space_amp_limit, (initial, amps)
+        assert max(pages) <= 3 * initial, (initial, pages)
         for f in feats[:5]:
             check_scan(s.scan(f), m, f)
     with Store.open(store_path, opts) as s:

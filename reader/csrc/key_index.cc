@@ -158,8 +158,8 @@ bool TakeVec(const char** p, const char* end, size_t n, std::vector<T>* v) {
 }  // namespace
 
 // Checkpoint form, compact because the checkpoint lives next to the pages on disk: keys as
-// LEB128 deltas (one byte per key for near-dense ids), locations as runs (consecutive keys
-// mostly live in the same page), lengths raw.
+// runs of consecutive ids (LEB128 gap and length per run: near-dense ids cost a fraction of a
+// byte each), locations as runs (consecutive keys mostly live in the same page), lengths raw.
 void KeyIndex::Serialize(std::string* out) const {
   Put<uint8_t>(out, dense_ ? 1 : 0);
   Put<uint8_t>(out, track_lens_ ? 1 : 0);
@@ -167,15 +167,21 @@ void KeyIndex::Serialize(std::string* out) const {
   Put<uint64_t>(out, locs_.size());
   if (!dense_) {
     std::string deltas;
-    uint64_t prev = 0;
-    for (uint64_t k : keys_) {
-      uint64_t d = k - prev;
-      prev = k;
+    auto varint = [&](uint64_t d) {
       while (d >= 0x80) {
         deltas.push_back(static_cast<char>(d | 0x80));
         d >>= 7;
       }
       deltas.push_back(static_cast<char>(d));
+    };
+    uint64_t prev_end = 0;  // one past the previous run
+    for (size_t i = 0; i < keys_.size();) {
+      size_t j = i + 1;
+      while (j < keys_.size() && keys_[j] == keys_[j - 1] + 1) j++;
+      varint(keys_[i] - prev_end);  // gap before the run
+      varint(j - i);                // run length
+      prev_end = keys_[j - 1] + 1;
+      i = j;
     }
     Put<uint64_t>(out, deltas.size());
     out->append(deltas);
@@ -194,6 +200,21 @@ void KeyIndex::Serialize(std::string* out) const {
   if (track_lens_) out->append(reinterpret_cast<const char*>(lens_.data()), lens_.size() * 4);
 }
 
+bool KeyIndex::Skip(const char** p, const char* end) {
+  uint8_t dense, track;
+  uint64_t base, n, nbytes = 0, nruns;
+  if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base) || !Take(p, end, &n)) return false;
+  auto skip = [&](uint64_t b) {
+    if (static_cast<uint64_t>(end - *p) < b) return false;
+    *p += b;
+    return true;
+  };
+  if (!dense && (!Take(p, end, &nbytes) || !skip(nbytes))) return false;
+  if (!Take(p, end, &nruns) || nruns > (1ull << 40) || !skip(nruns * 8)) return false;
+  if (track && (n > (1ull << 40) || !skip(n * 4))) return false;
+  return true;
+}
+
 bool KeyIndex::Deserialize(const char** p, const char* end) {
   uint8_t dense, track;
   uint64_t n;
@@ -208,19 +229,21 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
     const uint8_t* q = reinterpret_cast<const uint8_t*>(*p);
     const uint8_t* qe = q + nbytes;
     keys_.resize(n);
-    uint64_t prev = 0;
-    for (uint64_t i = 0; i < n; i++) {
-      uint64_t d = 0;
-      int shift = 0;
-      for (;;) {
+    auto varint = [&](uint64_t* d) {
+      *d = 0;
+      for (int shift = 0;; shift += 7) {
         if (q >= qe || shift > 63) return false;
         const uint8_t b = *q++;
-        d |= static_cast<uint64_t>(b & 0x7f) << shift;
-        if (!(b & 0x80)) break;
-        shift += 7;
+        *d |= static_cast<uint64_t>(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
       }
-      prev += d;
-      keys_[i] = prev;
+    };
+    uint64_t at = 0, next = 0;
+    while (at < n) {
+      uint64_t gap, len;
+      if (!varint(&gap) || !varint(&len) || len == 0 || len > n - at) return false;
+      next += gap;
+      for (uint64_t r = 0; r < len; r++) keys_[at++] = next++;
     }
     if (q != qe) return false;
     *p = reinterpret_cast<const char*>(qe);

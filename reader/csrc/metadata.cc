@@ -117,7 +117,9 @@ std::vector<FeatureState*> FeatureTable::All() {
 size_t FeatureTable::MemoryBytes() const {
   size_t b = features_.capacity() * sizeof(void*);
   for (const auto& f : features_)
-    if (f) b += sizeof(FeatureState) + f->def.name.size() + f->index.MemoryBytes() + f->pages.capacity() * 4;
+    if (f)
+      b += sizeof(FeatureState) + f->def.name.size() + f->index.MemoryBytes() + f->index_blob.capacity() +
+           f->pages.capacity() * 4;
   return b;
 }
 

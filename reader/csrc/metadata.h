@@ -92,6 +92,11 @@ class LogicalPageTable {
 struct FeatureState {
   FeatureDef def;
   KeyIndex index;
+  // Loaded lazily from a checkpoint: the serialized index until first use (Store::LoadIndex).
+  // A clean reopen then costs nothing for features a session never writes or looks up, and
+  // close() writes their bytes back unchanged.
+  bool index_lazy = false;
+  std::string index_blob;
   std::vector<uint32_t> pages;  // unordered
   uint64_t live_items = 0;      // valid non-tombstone items on disk
   uint64_t live_bytes = 0;      // their logical bytes

@@ -421,6 +421,8 @@ void Store::ResetDerivedLocked() {
   for (FeatureState* f : features_.All()) {
     f->index = KeyIndex();
     f->index.track_lengths(f->def.variable());
+    f->index_lazy = false;
+    f->index_blob.clear();
     f->pages.clear();
     f->live_items = f->live_bytes = f->tombs = 0;
   }
@@ -449,6 +451,29 @@ Status Store::EnsureKeyIndex() {
   std::lock_guard<std::mutex> l(mu_);
   current_ = v;
   key_index_ready_ = true;
+  return Status::OK();
+}
+
+FeatureState* Store::FeatureStateFor(uint32_t fid) {
+  std::lock_guard<std::mutex> l(mu_);
+  return features_.Get(fid);
+}
+
+Status Store::LoadIndex(FeatureState* f) {
+  std::lock_guard<std::mutex> l(lazy_mu_);
+  if (!f->index_lazy) return Status::OK();
+  const char* p = f->index_blob.data();
+  const char* end = p + f->index_blob.size();
+  KeyIndex idx;
+  if (!idx.Deserialize(&p, end) || p != end)
+    return Status::Corruption("checkpoint key index of feature '" + f->def.name + "' in '" + path_ +
+                              "' does not decode");
+  {
+    std::lock_guard<std::mutex> ml(mu_);  // get() reads indexes under mu_
+    f->index = std::move(idx);
+    f->index_lazy = false;
+  }
+  std::string().swap(f->index_blob);
   return Status::OK();
 }
 
@@ -565,7 +590,7 @@ Status Store::RebuildFromPages() {
 }
 
 namespace {
-constexpr uint64_t kCheckpointMagic = 0x32544b4348434652ull;  // "RFCHCKT2": compact key index form
+constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": compact key index form
 }
 
 Status Store::WriteCheckpoint() {
@@ -591,7 +616,10 @@ Status Store::WriteCheckpoint() {
     Append(&out, fs->live_items);
     Append(&out, fs->live_bytes);
     Append(&out, fs->tombs);
-    fs->index.Serialize(&out);
+    if (fs->index_lazy)
+      out += fs->index_blob;  // never decoded this session: unchanged
+    else
+      fs->index.Serialize(&out);
     emit();
   }
   for (uint32_t p = 0; p < pages_.slots(); p++) {
@@ -638,13 +666,15 @@ bool Store::LoadCheckpoint() {
   struct F {
     uint32_t id;
     uint64_t items, bytes, tombs;
-    KeyIndex index;
+    const char* blob;
+    size_t blob_len;
   };
   std::vector<F> fs(nf);
   for (auto& f : fs) {
-    if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id) ||
-        !f.index.Deserialize(&p, end))
-      return false;
+    if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id)) return false;
+    f.blob = p;
+    if (!KeyIndex::Skip(&p, end)) return false;  // decoded on first use (LoadIndex)
+    f.blob_len = static_cast<size_t>(p - f.blob);
   }
   std::vector<std::pair<uint32_t, std::vector<std::pair<uint32_t, uint64_t>>>> segs;
   for (uint64_t i = 0; i < live; i++) {
@@ -661,7 +691,10 @@ bool Store::LoadCheckpoint() {
     st->live_items = f.items;
     st->live_bytes = f.bytes;
     st->tombs = f.tombs;
-    st->index = std::move(f.index);
+    st->index = KeyIndex();
+    st->index.track_lengths(st->def.variable());
+    st->index_blob.assign(f.blob, f.blob_len);
+    st->index_lazy = true;
   }
   for (auto& [pid, v] : segs) {
     PageMeta& pm = pages_.at(pid);
@@ -993,6 +1026,10 @@ Status Store::FlushLocked(bool force) {
   if (!s.ok()) return bg_error_ = s;
   wal_number_ = new_wal;
 
+  for (uint32_t fid : write_fids) {
+    s = LoadIndex(features_.Get(fid));
+    if (!s.ok()) return bg_error_ = s;
+  }
   // Items are written grouped by feature, ascending keys. The buffer is not modified until
   // the new version is installed (no writer runs: we hold write_mu_), so records point into it.
   std::vector<Rec> recs;
@@ -1293,6 +1330,8 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   for (const auto& t : tasks) want[t.page].push_back(t.fid);
   std::vector<uint32_t> pids;
   for (const auto& [p, f] : want) pids.push_back(p);
+  for (const auto& [p, f] : want)
+    for (const auto& sm : pages_.at(p).segs) RF_RETURN_IF_ERROR(LoadIndex(features_.Get(sm.fid)));
 
   struct Moved {
     uint32_t fid;
@@ -1827,6 +1866,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   RF_RETURN_IF_ERROR(EnsureKeyIndex());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  RF_RETURN_IF_ERROR(LoadIndex(FeatureStateFor(def.id)));
   const uint32_t w = def.fixed_width();
   const uint32_t ps = o_.page_size;
   // Unique requested keys, ascending.
@@ -1998,6 +2038,7 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
   if (o_.read_only) vector_grained = false;
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  RF_RETURN_IF_ERROR(LoadIndex(FeatureStateFor(def.id)));
   if (def.type != ValueType::kFixedFloat32)
     return Status::Schema("feature '" + name + "' is " + def.TypeString() +
                           "; embedding rows need fixed_size_list<float32, D>");
@@ -2256,9 +2297,9 @@ std::string Store::StatsJson() {
     j.KV("tombstones", static_cast<double>(f->tombs));
     j.KV("pages", static_cast<double>(f->pages.size()));
     j.KV("fragmentation", FragmentationDegree(*f, pages_, ps));
-    j.KV("key_index_bytes", static_cast<double>(f->index.MemoryBytes()));
+    j.KV("key_index_bytes", static_cast<double>(f->index_lazy ? f->index_blob.size() : f->index.MemoryBytes()));
     j.Key("dense_keys");
-    j.Bool(f->index.dense());
+    j.Bool(f->index_lazy ? (!f->index_blob.empty() && f->index_blob[0] != 0) : f->index.dense());
     j.Close();
   }
   j.Close();

@@ -204,6 +204,10 @@ class Store {
   // Read-only handles build the key index (for get() and row gathers) on first use, from
   // the checkpoint when it matches their snapshot, else by reading the live pages.
   Status EnsureKeyIndex();
+  // The feature's key index, decoded from its checkpoint bytes on first use (FeatureState::
+  // index_lazy). Thread-safe; call before touching f->index.
+  Status LoadIndex(FeatureState* f);
+  FeatureState* FeatureStateFor(uint32_t fid);
   void ResetDerivedLocked();
   Status CheckWritable();
   // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
@@ -255,6 +259,7 @@ class Store {
 
   // Writer side (guarded by write_mu_).
   std::mutex write_mu_;
+  std::mutex lazy_mu_;  // decoding lazily loaded key indexes
   WalWriter wal_;
   uint64_t wal_number_ = 0;
   PersistentState pstate_;

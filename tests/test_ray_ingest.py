@@ -51,7 +51,10 @@ def test_benchmark_quick_writes_valid_json(tmp_path):
 def cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from recflash.ingest.ray import init_ray
+
+    # (make test runs pytest from the repository root: init_ray keeps it off the workers' path)
+    init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False

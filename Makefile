@@ -2,7 +2,7 @@
 #
 #   make setup   system packages (apt), .venv with the pinned Python stack, then the package
 #   make test    setup + pytest (from the repo root, with the venv's pytest executable)
-#   make demo    setup + examples/demo.py
+#   make demo    setup + examples/demo.py, then a short examples/train_dlrm_ray.py --quick
 #   make build   reinstall the package only (incremental C++ build under build/)
 #   make clean   remove build/ (keeps .venv)
 #
@@ -86,6 +86,7 @@ test: setup
 
 demo: setup
 	$(VPY) examples/demo.py $(DEMO_ARGS)
+	$(VPY) examples/train_dlrm_ray.py --quick
 
 clean:
 	rm -rf build/

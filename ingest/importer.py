@@ -103,7 +103,9 @@ def _open_store(path: str, opts: ImportOptions):
     wb = int(opts.write_buffer_mb * (1 << 20))
     # Bulk-load mode: no WAL; each chunk's sync() writes it into pages and commits the
     # metadata, which is what makes the chunk durable before the journal records it.
-    return Store.open(path, StoreOptions(page_size=opts.page_size, write_buffer_bytes=wb, bulk_load=True))
+    # Imported tables are mostly ids and counts: compact pages store int64 values packed.
+    return Store.open(path, StoreOptions(page_size=opts.page_size, write_buffer_bytes=wb, bulk_load=True,
+                                         compact_pages=True))
 
 
 class _Reader(threading.Thread):

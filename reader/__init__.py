@@ -12,8 +12,10 @@ from recflash.reader.errors import (  # noqa: F401
     FeatureExistsError,
     InvalidArgumentError,
     NotAStoreError,
+    ReadOnlyError,
     RecflashError,
     SchemaError,
+    StaleSnapshotError,
     StoreClosedError,
     StoreLockedError,
     UnknownFeatureError,
@@ -34,4 +36,6 @@ __all__ = [
     "CorruptionError",
     "StoreLockedError",
     "StoreClosedError",
+    "ReadOnlyError",
+    "StaleSnapshotError",
 ]

@@ -48,6 +48,15 @@ class StoreClosedError(RecflashError):
     """An operation on a Store after close()."""
 
 
+class ReadOnlyError(RecflashError):
+    """A write (put, delete, flush, compact, create_feature, sync) on a store opened read-only."""
+
+
+class StaleSnapshotError(RecflashError):
+    """A read-only handle read a page that a writer rewrote or freed since the handle opened.
+    Nothing wrong was returned; reopen the store (read-only again) to read the current data."""
+
+
 class IOError_(RecflashError, OSError):
     """An operating-system I/O error from the engine (errno and path in the message)."""
 
@@ -64,4 +73,6 @@ __all__ = [
     "StoreLockedError",
     "StoreClosedError",
     "IOError_",
+    "ReadOnlyError",
+    "StaleSnapshotError",
 ]

@@ -16,7 +16,7 @@ import pyarrow as pa
 from recflash import _native
 from recflash.reader.errors import InvalidArgumentError, SchemaError
 
-KeyRange = Optional[Tuple[int, int]]
+KeyRange = Optional[Tuple[int, Optional[int]]]  # (lo, hi) half-open; hi None = no upper bound
 _MAX_KEY = (1 << 64) - 1  # key_range=None reaches it; a half-open range cannot
 
 
@@ -37,6 +37,17 @@ class StoreOptions:
     #: read costs come from account_scan(). For dataset sizes the disk cannot hold. Needs a
     #: new store directory; nothing survives close().
     accounting: bool = False
+    #: Read-only handle: many processes (e.g. Ray read tasks) open the same store at once,
+    #: also while one writer has it open. No LOCK is taken, nothing is written (the WAL is
+    #: replayed into DRAM, the checkpoint is left in place), writes raise ReadOnlyError.
+    #: The handle reads the snapshot of its open; a page a writer rewrote since then raises
+    #: StaleSnapshotError (reopen) rather than returning other data.
+    read_only: bool = False
+    #: Compact pages: int64 values packed frame-of-reference (1, 2 or 4 bytes by each page
+    #: segment's value range instead of 8). Off by default so item sizes stay what the
+    #: amplification benchmarks assume; `recflash import` turns it on. Only affects what
+    #: this handle writes; every reader reads both forms. Ignored in accounting mode.
+    compact_pages: bool = False
     #: fsync the WAL on every put/delete. Off: durability points are sync() and flush().
     sync_on_write: bool = False
     #: Bulk-load mode (imports): puts and deletes skip the WAL; sync() and flush() write the
@@ -253,7 +264,7 @@ def _key_range(key_range: KeyRange) -> Tuple[int, int]:
         return 0, _MAX_KEY
     try:
         lo, hi = key_range
-        lo, hi = int(lo), int(hi)
+        lo, hi = int(lo), (_MAX_KEY if hi is None else int(hi))
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"key_range must be a (lo, hi) pair of integers, got {key_range!r}") from None
     if lo < 0 or hi < lo or hi > _MAX_KEY:
@@ -263,7 +274,7 @@ def _key_range(key_range: KeyRange) -> Tuple[int, int]:
 
 def _drop_max(cols, key_range: KeyRange):
     """Half-open user ranges ending at 2**64 - 1 exclude that key; the engine included it."""
-    if key_range is None or int(key_range[1]) != _MAX_KEY:
+    if key_range is None or key_range[1] is None or int(key_range[1]) != _MAX_KEY:
         return cols
     out = []
     for keys, values, offsets, found in cols:
@@ -355,10 +366,19 @@ class Store:
         self._tls = threading.local()
 
     @classmethod
-    def open(cls, path: Union[str, os.PathLike], options: Optional[StoreOptions] = None) -> "Store":
+    def open(cls, path: Union[str, os.PathLike], options: Optional[StoreOptions] = None, *,
+             read_only: Optional[bool] = None) -> "Store":
+        """Creates or reopens the store at `path`. read_only=True (or options.read_only) opens
+        an existing store for reading alongside other readers and one writer."""
         options = options or StoreOptions()
+        if read_only is not None:
+            options = dataclasses.replace(options, read_only=bool(read_only))
         path = os.fspath(path)
         return cls(_native.Store.open(path, options._to_native()), path)
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self._s.read_only)
 
     # -- features ----------------------------------------------------------------------
     def create_feature(self, name: str, type: str) -> None:
@@ -440,6 +460,15 @@ class Store:
         (rkeys, values, offsets, found), st = self._s.get(feature, k)
         self._tls.stats = st
         return f.decode(values, offsets, len(k), found=found)
+
+    def key_ranges(self, feature: str) -> dict:
+        """Per-page key ranges of a feature in this handle's snapshot, ascending by min_key:
+        {"min_key": uint64[], "max_key": uint64[], "items": uint64[]} (ranges overlap where
+        updated keys have older versions not merged yet; items counts records per page).
+        Buffered (unflushed) items are not included. Split points for parallel scans."""
+        self._feature(feature)
+        lo, hi, n = self._s.key_ranges(feature)
+        return {"min_key": lo, "max_key": hi, "items": n}
 
     def account_scan(self, feature: str) -> dict:
         """What a full scan of `feature` would read, from the metadata alone (no I/O):

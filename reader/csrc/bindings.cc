@@ -21,7 +21,8 @@ namespace {
   static const char* kClass[] = {"RecflashError",      "UnknownFeatureError", "FeatureExistsError",
                                  "SchemaError",        "InvalidArgumentError", "ValueTooLargeError",
                                  "NotAStoreError",     "CorruptionError",     "StoreLockedError",
-                                 "StoreClosedError",   "IOError_"};
+                                 "StoreClosedError",   "IOError_",            "ReadOnlyError",
+                                 "StaleSnapshotError"};
   py::object errors = py::module_::import("recflash.reader.errors");
   py::object cls = errors.attr(kClass[static_cast<int>(s.code())]);
   PyErr_SetString(cls.ptr(), s.message().c_str());
@@ -226,6 +227,8 @@ StoreOptions OptionsFromDict(const py::dict& d) {
   get("write_buffer_bytes", o.write_buffer_bytes);
   get("direct_io", o.direct_io);
   get("accounting", o.accounting);
+  get("read_only", o.read_only);
+  get("compact_pages", o.compact_pages);
   get("sync_on_write", o.sync_on_write);
   get("bulk_load", o.bulk_load);
   get("queue_depth", o.queue_depth);
@@ -414,6 +417,19 @@ class PyStore {
 
   Store* store() { return s_.get(); }
 
+  // (min_key, max_key, items) per page of the feature, ascending by min_key.
+  py::tuple KeyRanges(const std::string& name) {
+    std::vector<PageRef> refs;
+    Check(s_->KeyRanges(name, &refs));
+    std::vector<uint64_t> lo(refs.size()), hi(refs.size()), n(refs.size());
+    for (size_t i = 0; i < refs.size(); i++) {
+      lo[i] = refs[i].min_key;
+      hi[i] = refs[i].max_key;
+      n[i] = refs[i].count - refs[i].tombs;
+    }
+    return py::make_tuple(ToNumpy(std::move(lo)), ToNumpy(std::move(hi)), ToNumpy(std::move(n)));
+  }
+
   py::dict AccountScan(const std::string& name) {
     ReadStats rs;
     Status st;
@@ -432,6 +448,7 @@ class PyStore {
   }
 
   uint32_t page_size() const { return s_->page_size(); }
+  bool read_only() const { return s_->read_only(); }
   std::string path() const { return s_->path(); }
 
  private:
@@ -503,6 +520,8 @@ PYBIND11_MODULE(_native, m) {
       .def("scan_many", &PyStore::ScanMany)
       .def("get", &PyStore::Get)
       .def("account_scan", &PyStore::AccountScan)
+      .def("key_ranges", &PyStore::KeyRanges)
+      .def_property_readonly("read_only", &PyStore::read_only)
       .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
       .def("verify_rows", &PyStore::VerifyRows, py::arg("feature"))
       .def("sls", &PyStore::Sls, py::arg("requests"), py::arg("vector_grained") = true)

@@ -40,18 +40,23 @@ uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
   return page_size - sizeof(PageHeader) - sizeof(SegDesc) - kSegBodyHeader - 8;
 }
 
-uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
-                               uint64_t value_bytes) {
+uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
+                               uint64_t value_bytes, uint32_t pack) {
   uint64_t b = sizeof(SegDesc) + kSegBodyHeader;
-  if (!run) b += RawKeys(n, varint_bytes) ? 8ull * n : varint_bytes;
+  if (!run) b += key_bytes;
   if (any_tomb) b += (n + 7) / 8;
   b += ValueAlign(width) - 1;  // worst-case pad; the real one depends on where the segment lands
-  b += width ? static_cast<uint64_t>(n) * width : 4ull * (n + 1) + value_bytes;
+  if (pack && pack < 8)
+    b += 8 + static_cast<uint64_t>(n) * pack;
+  else
+    b += width ? static_cast<uint64_t>(n) * width : 4ull * (n + 1) + value_bytes;
   return static_cast<uint32_t>(std::min<uint64_t>(b, 0xffffffffu));
 }
 
 uint32_t PageBuilder::Seg::BodyBytes() const {
-  return SegBytes(static_cast<uint32_t>(keys.size()), run, varint_bytes, any_tomb, width, values.size());
+  const uint32_t n = static_cast<uint32_t>(keys.size());
+  return SegBytes(n, run, KeyBytes(n, varint_bytes, keys.empty() ? 0 : keys.back() - keys.front() + 1, bitmap_ok), any_tomb,
+                  width, values.size(), packable ? PackBytes(vmin, vmax) : 0);
 }
 
 uint32_t PageBuilder::used_bytes() const {
@@ -62,17 +67,23 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   const uint32_t width = f.fixed_width();
   const bool new_seg = segs_.empty() || segs_.back().fid != f.id;
   const uint32_t vlen = tomb ? width : len;  // fixed-width tombstones keep a zeroed slot
+  const bool packable = compact_ && f.type == ValueType::kInt64;
+  int64_t v = 0;  // a tombstone's slot holds 0
+  if (packable && !tomb) std::memcpy(&v, value, 8);
   uint32_t before = closed_bytes_;
   uint32_t after;
   if (new_seg) {
     if (!segs_.empty()) before += segs_.back().BodyBytes();
-    after = before + SegBytes(1, true, 1, tomb, width, width ? 0 : vlen);
+    after = before + SegBytes(1, true, 1, tomb, width, width ? 0 : vlen, packable ? 1 : 0);
   } else {
     const Seg& s = segs_.back();
     const uint32_t n = static_cast<uint32_t>(s.keys.size());
     const bool run = s.run && key == s.keys.front() + n;
-    const uint32_t vb = s.varint_bytes + VarintSize(key - s.keys.back());
-    after = closed_bytes_ + SegBytes(n + 1, run, vb, s.any_tomb || tomb, width, s.values.size() + (width ? 0 : vlen));
+    const uint32_t vb =
+        KeyBytes(n + 1, s.varint_bytes + VarintSize(key - s.keys.back()), key - s.keys.front() + 1, compact_);
+    const uint32_t pack = packable ? PackBytes(std::min(s.vmin, v), std::max(s.vmax, v)) : 0;
+    after = closed_bytes_ + SegBytes(n + 1, run, vb, s.any_tomb || tomb, width, s.values.size() + (width ? 0 : vlen),
+                                     pack);
   }
   if (after > page_size_) return false;
 
@@ -82,12 +93,17 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
     Seg& s = segs_.back();
     s.fid = f.id;
     s.width = width;
+    s.packable = packable;
+    s.bitmap_ok = compact_;
+    s.vmin = s.vmax = v;
     s.varint_bytes = 1;  // first delta (0) is one byte
     if (!width) s.offsets.push_back(0);
   } else {
     Seg& s = segs_.back();
     s.run = s.run && key == s.keys.front() + s.keys.size();
     s.varint_bytes += VarintSize(key - s.keys.back());
+    s.vmin = std::min(s.vmin, v);
+    s.vmax = std::max(s.vmax, v);
   }
   Seg& s = segs_.back();
   s.keys.push_back(key);
@@ -108,6 +124,11 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
   const uint32_t width = f.fixed_width();
   if (n == 0) return 0;
   if (width == 0) return Add(f, keys[0], values, 0, false) ? 1 : 0;  // not for variable-width values
+  if (compact_) {  // packed values and key bitmaps are sized item by item
+    size_t k = 0;
+    while (k < n && Add(f, keys[k], values + k * width, width, false)) k++;
+    return k;
+  }
   const bool new_seg = segs_.empty() || segs_.back().fid != f.id;
   // The segment as it would be after taking items [0, k): closed bytes before it plus its size.
   uint32_t base = closed_bytes_;
@@ -134,7 +155,7 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     const uint32_t cnt = have + static_cast<uint32_t>(k) + 1;
     const bool r = run && key == first + (cnt - 1);
     const uint32_t vb = (have + k == 0) ? 1 : varint + VarintSize(key - prev);
-    const uint64_t kb = r ? 0 : (RawKeys(cnt, vb) ? 8ull * cnt : vb);  // as SegBytes
+    const uint64_t kb = r ? 0 : KeyBytes(cnt, vb, key - first + 1, false);  // as SegBytes
     if (static_cast<uint64_t>(fixed) + kb + static_cast<uint64_t>(cnt) * width > page_size_) break;
     run = r;
     varint = vb;
@@ -175,8 +196,16 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
     uint8_t* body = buf + off;
     uint8_t* p = body + kSegBodyHeader;
     uint32_t keys_bytes = 0;
-    const bool raw = !s.run && RawKeys(n, s.varint_bytes);
-    if (raw) {
+    const uint64_t span = s.keys.back() - s.keys.front() + 1;
+    const KeyEnc enc = s.run ? KeyEnc::kVarint : ChooseKeyEnc(n, s.varint_bytes, span, s.bitmap_ok);
+    if (!s.run && enc == KeyEnc::kBitmap) {
+      keys_bytes = static_cast<uint32_t>((span + 7) / 8);
+      for (uint32_t j = 0; j < n; j++) {
+        const uint64_t x = s.keys[j] - s.keys.front();
+        p[x >> 3] |= static_cast<uint8_t>(1u << (x & 7));
+      }
+      p += keys_bytes;
+    } else if (!s.run && enc == KeyEnc::kRaw) {
       keys_bytes = 8 * n;
       std::memcpy(p, s.keys.data(), keys_bytes);
       p += keys_bytes;
@@ -189,7 +218,7 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
       }
       keys_bytes = static_cast<uint32_t>(p - k0);
     }
-    body[0] = s.run ? 0 : (raw ? 4 : 1);
+    body[0] = s.run ? 0 : static_cast<uint8_t>(enc);
     body[1] = s.any_tomb ? 1 : 0;
     std::memcpy(body + 4, &keys_bytes, 4);
     if (s.any_tomb) {
@@ -207,8 +236,23 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
       std::memcpy(body + 2, &pad, 2);
       p += pad;
     }
-    if (!s.values.empty()) std::memcpy(p, s.values.data(), s.values.size());
-    p += s.values.size();
+    const uint32_t pack = s.packable ? PackBytes(s.vmin, s.vmax) : 8;
+    if (pack < 8) {
+      body[0] |= static_cast<uint8_t>(pack << 4);
+      std::memcpy(p, &s.vmin, 8);
+      p += 8;
+      const uint64_t base = static_cast<uint64_t>(s.vmin);
+      for (uint32_t j = 0; j < n; j++) {
+        int64_t x;
+        std::memcpy(&x, s.values.data() + 8ull * j, 8);
+        const uint64_t d = static_cast<uint64_t>(x) - base;  // little-endian: the low `pack` bytes
+        std::memcpy(p, &d, pack);
+        p += pack;
+      }
+    } else {
+      if (!s.values.empty()) std::memcpy(p, s.values.data(), s.values.size());
+      p += s.values.size();
+    }
     const uint32_t len = static_cast<uint32_t>(p - body);
     SegDesc d{s.fid, n, off, len, s.keys.front(), s.keys.back()};
     std::memcpy(buf + sizeof(PageHeader) + sizeof(SegDesc) * i, &d, sizeof d);
@@ -272,8 +316,10 @@ SegmentView PageView::Segment(uint32_t i) const {
   v.max_key = d.max_key;
   v.length = d.length + sizeof(SegDesc);
   const uint8_t* body = buf_ + d.offset;
-  v.run_keys = body[0] == 0;
+  v.run_keys = (body[0] & 7) == 0;
+  v.bitmap_keys = (body[0] & 2) != 0;
   v.raw_keys = (body[0] & 4) != 0;
+  const uint32_t pack = body[0] >> 4;
   std::memcpy(&v.keys_bytes, body + 4, 4);
   const uint8_t* p = body + kSegBodyHeader;
   v.keys = p;
@@ -285,6 +331,32 @@ SegmentView PageView::Segment(uint32_t i) const {
   uint16_t pad;
   std::memcpy(&pad, body + 2, 2);
   v.values = p + pad;
+  if (pack) {
+    // Widen a packed int64 segment once, so every reader sees plain 8-byte values.
+    const uint8_t* q = v.values;
+    int64_t base;
+    std::memcpy(&base, q, 8);
+    q += 8;
+    v.unpacked = std::make_shared<std::vector<int64_t>>(d.count);
+    int64_t* out = v.unpacked->data();
+    const uint64_t b = static_cast<uint64_t>(base);
+    if (pack == 1) {
+      for (uint32_t j = 0; j < d.count; j++) out[j] = static_cast<int64_t>(b + q[j]);
+    } else if (pack == 2) {
+      for (uint32_t j = 0; j < d.count; j++) {
+        uint16_t x;
+        std::memcpy(&x, q + 2ull * j, 2);
+        out[j] = static_cast<int64_t>(b + x);
+      }
+    } else {
+      for (uint32_t j = 0; j < d.count; j++) {
+        uint32_t x;
+        std::memcpy(&x, q + 4ull * j, 4);
+        out[j] = static_cast<int64_t>(b + x);
+      }
+    }
+    v.values = reinterpret_cast<const uint8_t*>(out);
+  }
   return v;
 }
 
@@ -307,6 +379,18 @@ void SegmentView::DecodeKeys(uint64_t* out) const {
   }
   if (raw_keys) {
     std::memcpy(out, keys, 8ull * count);
+    return;
+  }
+  if (bitmap_keys) {
+    uint32_t i = 0;
+    for (uint32_t byte = 0; byte < keys_bytes && i < count; byte++) {
+      uint8_t b = keys[byte];
+      while (b) {
+        const int bit = __builtin_ctz(b);
+        out[i++] = min_key + (static_cast<uint64_t>(byte) << 3) + bit;
+        b &= static_cast<uint8_t>(b - 1);
+      }
+    }
     return;
   }
   const uint8_t* p = keys;

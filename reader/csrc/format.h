@@ -7,24 +7,33 @@
 //   SegDesc[nseg]      per-feature directory: feature id, item count, body offset/length,
 //                      min/max key — a reader jumps straight to its feature's segment
 //   segment bodies     one per feature present in the page, items sorted by key:
-//                        u8 key_enc, u8 has_tomb, u16 pad, u32 keys_bytes
-//                        keys (key_enc): 0 = nothing, they are a run (min_key + i);
-//                              1 = LEB128 varint deltas — near-dense keys cost 1-2 bytes each;
-//                              4 = raw little-endian u64 (format 3) — chosen when deltas
-//                              average >= kRawKeyMinDeltaBytes (random 64-bit ids): decoding
-//                              varints of 6-8 bytes costs more CPU than the bytes they save
+//                        u8 enc: bits 0-2 the keys' encoding (0: a run, min_key + i, no
+//                           bytes; 1: LEB128 varint deltas, dense integer keys cost 1-2 bytes
+//                           each; 2: a bitmap over [min_key, max_key], compact pages only,
+//                           when smaller; 4: raw little-endian u64 (format 3), when the deltas
+//                           average >= kRawKeyMinDeltaBytes, random 64-bit ids: decoding 6-8
+//                           byte varints costs more CPU than the bytes they save); bits 4-7:
+//                           packed int64 values, the bytes per value;
+//                        u8 has_tomb, u16 pad, u32 keys_bytes
 //                        tombstone bitmap (only when the segment holds deletes)
 //                        pad bytes, so fixed-width values of >= 16 bytes start aligned to
 //                              their power-of-two factor (<= 512): a 128-byte embedding row
 //                              never straddles a 512-byte device block
 //                        values: fixed width: count * width bytes;
+//                                int64 packed (frame of reference): i64 base, then
+//                                  count * N-byte unsigned offsets from it (N = 1, 2, 4),
+//                                  when the segment's value range allows — 32-bit hashed ids
+//                                  take 4 bytes, small counts 1 or 2, instead of 8;
 //                                variable: u32 offsets[count + 1], then the bytes
+//                      (Pages written before packing existed have enc bits 4-7 zero and
+//                      read unchanged.)
 //
 // `seq` orders pages: for a key stored in several pages (an old version not yet reclaimed),
 // the page with the highest seq holds the current version. Recovery relies on this.
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -90,7 +99,11 @@ struct SegmentSummary {
 // and contiguously (one segment per feature per page).
 class PageBuilder {
  public:
-  explicit PageBuilder(uint32_t page_size) : page_size_(page_size) { Reset(); }
+  // compact: int64 segments frame-of-reference packed when their range allows, and key
+  // bitmaps where they are smaller than varint deltas (StoreOptions::compact_pages).
+  explicit PageBuilder(uint32_t page_size, bool compact = false) : page_size_(page_size), compact_(compact) {
+    Reset();
+  }
 
   void Reset();
   bool empty() const { return segs_.empty(); }
@@ -117,21 +130,25 @@ class PageBuilder {
   struct Seg {
     uint32_t fid = 0;
     uint32_t width = 0;  // 0 = variable
+    bool packable = false;  // int64: values may be stored frame-of-reference packed
+    int64_t vmin = 0, vmax = 0;  // value range of the slots (packable only)
     std::vector<uint64_t> keys;
     std::vector<uint8_t> tomb;
     std::vector<uint8_t> values;
     std::vector<uint32_t> offsets;  // variable only: offsets[0] = 0
     uint32_t varint_bytes = 0;
+    bool bitmap_ok = false;  // compact: a key bitmap may replace the varints
     bool run = true;
     bool any_tomb = false;
     uint32_t tombs = 0;
     uint64_t item_bytes = 0;
     uint32_t BodyBytes() const;
   };
-  static uint32_t SegBytes(uint32_t n, bool run, uint32_t varint_bytes, bool any_tomb, uint32_t width,
-                           uint64_t value_bytes);
-  static bool RawKeys(uint32_t n, uint32_t varint_bytes) { return varint_bytes >= kRawKeyMinDeltaBytes * n; }
+  // pack: bytes per packed value (0 = plain).
+  static uint32_t SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
+                           uint64_t value_bytes, uint32_t pack = 0);
   uint32_t page_size_;
+  bool compact_ = false;
   std::vector<Seg> segs_;
   uint32_t closed_bytes_ = 0;  // header + finished segments
 };
@@ -146,11 +163,13 @@ struct SegmentView {
   uint32_t count = 0;
   uint64_t min_key = 0, max_key = 0;
   bool run_keys = true;
-  bool raw_keys = false;          // keys stored as u64 (key_enc bit 2)
-  const uint8_t* keys = nullptr;  // varint stream or raw u64s when !run_keys
+  bool bitmap_keys = false;       // keys is a bitmap over [min_key, max_key]
+  bool raw_keys = false;          // keys stored as u64
+  const uint8_t* keys = nullptr;  // varint stream, bitmap or raw u64s when !run_keys
   uint32_t keys_bytes = 0;
   const uint8_t* tomb = nullptr;  // bitmap or nullptr
-  const uint8_t* values = nullptr;
+  const uint8_t* values = nullptr;  // packed int64 segments: widened into `unpacked`
+  std::shared_ptr<std::vector<int64_t>> unpacked;
   uint32_t width = 0;  // filled by the caller from the feature definition (0 = variable)
   uint32_t length = 0;  // on-disk bytes of the segment, directory entry included
   double bytes_per_record() const { return count ? static_cast<double>(length) / count : 0.0; }
@@ -172,6 +191,33 @@ struct SegmentView {
     }
   }
 };
+
+// Encoding of a non-run segment's keys (bits of the segment's enc byte): a bitmap over the key
+// span (compact pages, when smaller than the varints), raw u64s when the varint deltas average
+// >= kRawKeyMinDeltaBytes, else varints. PageBuilder sizes and writes segments with the same
+// choice, so a page never holds more than it measured.
+enum class KeyEnc : uint8_t { kVarint = 1, kBitmap = 2, kRaw = 4 };
+inline KeyEnc ChooseKeyEnc(uint32_t n, uint32_t varint_bytes, uint64_t span, bool bitmap_ok) {
+  if (bitmap_ok && span != 0 && span <= (1ull << 32) && (span + 7) / 8 < varint_bytes) return KeyEnc::kBitmap;
+  return varint_bytes >= static_cast<uint64_t>(kRawKeyMinDeltaBytes) * n ? KeyEnc::kRaw : KeyEnc::kVarint;
+}
+// Bytes of a non-run segment's keys (span 0: wrapped, no bitmap).
+inline uint32_t KeyBytes(uint32_t n, uint32_t varint_bytes, uint64_t span, bool bitmap_ok) {
+  switch (ChooseKeyEnc(n, varint_bytes, span, bitmap_ok)) {
+    case KeyEnc::kBitmap:
+      return static_cast<uint32_t>((span + 7) / 8);
+    case KeyEnc::kRaw:
+      return 8 * n;
+    default:
+      return varint_bytes;
+  }
+}
+
+// Bytes per frame-of-reference packed value for a value range (8: no packing pays).
+inline uint32_t PackBytes(int64_t vmin, int64_t vmax) {
+  const uint64_t range = static_cast<uint64_t>(vmax) - static_cast<uint64_t>(vmin);
+  return range <= 0xffu ? 1 : range <= 0xffffu ? 2 : range <= 0xffffffffu ? 4 : 8;
+}
 
 class PageView {
  public:

@@ -177,8 +177,12 @@ bool TakeVec(const char** p, const char* end, size_t n, std::vector<T>* v) {
 }
 }  // namespace
 
-// Layout: u8 mode (0 keys, 1 dense run, 2 deferred) | u8 track_lens | u64 base (deferred: max
-// key) | u64 n (deferred: items) | keys (mode 0) | locs | lens (when tracked).
+// Checkpoint form, compact because the checkpoint lives next to the pages on disk:
+//   u8 mode (0 keys, 1 dense run, 2 deferred) | u8 track_lens | u64 base (deferred: max key) |
+//   u64 n (deferred: items, and nothing follows) | mode 0: u64 bytes, keys as runs of
+//   consecutive ids (LEB128 gap and length per run: near-dense ids cost a fraction of a byte
+//   each) | u64 runs, locations as (loc, count) runs (consecutive keys mostly live in the same
+//   page) | lengths raw (when tracked).
 void KeyIndex::Serialize(std::string* out) const {
   if (deferred_) {
     Put<uint8_t>(out, 2);
@@ -191,9 +195,55 @@ void KeyIndex::Serialize(std::string* out) const {
   Put<uint8_t>(out, track_lens_ ? 1 : 0);
   Put<uint64_t>(out, base_);
   Put<uint64_t>(out, locs_.size());
-  if (!dense_) out->append(reinterpret_cast<const char*>(keys_.data()), keys_.size() * 8);
-  out->append(reinterpret_cast<const char*>(locs_.data()), locs_.size() * 4);
+  if (!dense_) {
+    std::string deltas;
+    auto varint = [&](uint64_t d) {
+      while (d >= 0x80) {
+        deltas.push_back(static_cast<char>(d | 0x80));
+        d >>= 7;
+      }
+      deltas.push_back(static_cast<char>(d));
+    };
+    uint64_t prev_end = 0;  // one past the previous run
+    for (size_t i = 0; i < keys_.size();) {
+      size_t j = i + 1;
+      while (j < keys_.size() && keys_[j] == keys_[j - 1] + 1) j++;
+      varint(keys_[i] - prev_end);  // gap before the run
+      varint(j - i);                // run length
+      prev_end = keys_[j - 1] + 1;
+      i = j;
+    }
+    Put<uint64_t>(out, deltas.size());
+    out->append(deltas);
+  }
+  std::vector<uint32_t> runs;  // (loc, count) pairs
+  for (size_t i = 0; i < locs_.size(); i++) {
+    if (!runs.empty() && runs[runs.size() - 2] == locs_[i] && runs.back() < UINT32_MAX) {
+      runs.back()++;
+    } else {
+      runs.push_back(locs_[i]);
+      runs.push_back(1);
+    }
+  }
+  Put<uint64_t>(out, runs.size() / 2);
+  out->append(reinterpret_cast<const char*>(runs.data()), runs.size() * 4);
   if (track_lens_) out->append(reinterpret_cast<const char*>(lens_.data()), lens_.size() * 4);
+}
+
+bool KeyIndex::Skip(const char** p, const char* end) {
+  uint8_t dense, track;
+  uint64_t base, n, nbytes = 0, nruns;
+  if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base) || !Take(p, end, &n)) return false;
+  if (dense == 2) return true;  // deferred: the header is all
+  auto skip = [&](uint64_t b) {
+    if (static_cast<uint64_t>(end - *p) < b) return false;
+    *p += b;
+    return true;
+  };
+  if (!dense && (!Take(p, end, &nbytes) || !skip(nbytes))) return false;
+  if (!Take(p, end, &nruns) || nruns > (1ull << 40) || !skip(nruns * 8)) return false;
+  if (track && (n > (1ull << 40) || !skip(n * 4))) return false;
+  return true;
 }
 
 bool KeyIndex::Deserialize(const char** p, const char* end) {
@@ -217,8 +267,38 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
   track_lens_ = track != 0;
   keys_.clear();
   lens_.clear();
-  if (!dense_ && !TakeVec(p, end, n, &keys_)) return false;
-  if (!TakeVec(p, end, n, &locs_)) return false;
+  if (!dense_) {
+    uint64_t nbytes;
+    if (!Take(p, end, &nbytes) || static_cast<uint64_t>(end - *p) < nbytes) return false;
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(*p);
+    const uint8_t* qe = q + nbytes;
+    keys_.resize(n);
+    auto varint = [&](uint64_t* d) {
+      *d = 0;
+      for (int shift = 0;; shift += 7) {
+        if (q >= qe || shift > 63) return false;
+        const uint8_t b = *q++;
+        *d |= static_cast<uint64_t>(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
+      }
+    };
+    uint64_t at = 0, next = 0;
+    while (at < n) {
+      uint64_t gap, len;
+      if (!varint(&gap) || !varint(&len) || len == 0 || len > n - at) return false;
+      next += gap;
+      for (uint64_t r = 0; r < len; r++) keys_[at++] = next++;
+    }
+    if (q != qe) return false;
+    *p = reinterpret_cast<const char*>(qe);
+  }
+  uint64_t nruns;
+  std::vector<uint32_t> runs;
+  if (!Take(p, end, &nruns) || !TakeVec(p, end, nruns * 2, &runs)) return false;
+  locs_.clear();
+  locs_.reserve(n);
+  for (uint64_t r = 0; r < nruns; r++) locs_.insert(locs_.end(), runs[2 * r + 1], runs[2 * r]);
+  if (locs_.size() != n) return false;
   if (track_lens_ && !TakeVec(p, end, n, &lens_)) return false;
   return true;
 }

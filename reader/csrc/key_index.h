@@ -78,6 +78,8 @@ class KeyIndex {
   // Checkpoint form (clean shutdown): appended to / parsed from a byte string.
   void Serialize(std::string* out) const;
   bool Deserialize(const char** p, const char* end);
+  // Advances *p past one serialized index without decoding it (false if truncated).
+  static bool Skip(const char** p, const char* end);
   size_t MemoryBytes() const { return keys_.capacity() * 8 + locs_.capacity() * 4 + lens_.capacity() * 4; }
   bool dense() const { return dense_; }
 

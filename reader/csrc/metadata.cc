@@ -117,13 +117,15 @@ std::vector<FeatureState*> FeatureTable::All() {
 size_t FeatureTable::MemoryBytes() const {
   size_t b = features_.capacity() * sizeof(void*);
   for (const auto& f : features_)
-    if (f) b += sizeof(FeatureState) + f->def.name.size() + f->index.MemoryBytes() + f->pages.capacity() * 4;
+    if (f)
+      b += sizeof(FeatureState) + f->def.name.size() + f->index.MemoryBytes() + f->index_blob.capacity() +
+           f->pages.capacity() * 4;
   return b;
 }
 
 MetaStore::~MetaStore() { db_.reset(); }
 
-Status MetaStore::Open(const std::string& dir, bool create) {
+Status MetaStore::Open(const std::string& dir, bool create, bool read_only) {
   dir_ = dir;
   rocksdb::Options o;
   o.create_if_missing = create;
@@ -137,7 +139,8 @@ Status MetaStore::Open(const std::string& dir, bool create) {
   t.block_size = 16 << 10;
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(o, dir, &db);
+  rocksdb::Status s = read_only ? rocksdb::DB::OpenForReadOnly(o, dir, &db, /*error_if_wal_file_exists=*/false)
+                                : rocksdb::DB::Open(o, dir, &db);
   if (!s.ok()) {
     if (s.IsIOError() && s.ToString().find("lock") != std::string::npos)
       return Status::Locked("metadata database '" + dir + "' is locked by another process: " + s.ToString());
@@ -145,6 +148,13 @@ Status MetaStore::Open(const std::string& dir, bool create) {
   }
   db_.reset(db);
   return Status::OK();
+}
+
+Status MetaStore::ReadCurrentState(const std::string& dir, PersistentState* st) {
+  MetaStore m;
+  RF_RETURN_IF_ERROR(m.Open(dir, false, true));
+  bool found = false;
+  return m.LoadState(st, &found);
 }
 
 Status MetaStore::ReadFormat(std::string* value, bool* found) {

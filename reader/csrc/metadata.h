@@ -92,6 +92,11 @@ class LogicalPageTable {
 struct FeatureState {
   FeatureDef def;
   KeyIndex index;
+  // Loaded lazily from a checkpoint: the serialized index until first use (Store::LoadIndex).
+  // A clean reopen then costs nothing for features a session never writes or looks up, and
+  // close() writes their bytes back unchanged.
+  bool index_lazy = false;
+  std::string index_blob;
   std::vector<uint32_t> pages;  // unordered
   uint64_t live_items = 0;      // valid non-tombstone items on disk
   uint64_t live_bytes = 0;      // their logical bytes
@@ -130,8 +135,13 @@ struct PersistentState {
 class MetaStore {
  public:
   ~MetaStore();
-  // Opens (creating if `create`) the RocksDB directory.
-  Status Open(const std::string& dir, bool create);
+  // Opens (creating if `create`) the RocksDB directory. read_only: RocksDB's read-only
+  // instance (no LOCK taken, nothing written; a live writer's WAL is replayed in memory),
+  // a snapshot of the metadata as of the open.
+  Status Open(const std::string& dir, bool create, bool read_only = false);
+  // The state record as committed now (a fresh read-only open): lets a read-only handle
+  // tell "a writer moved on since my snapshot" from real corruption.
+  static Status ReadCurrentState(const std::string& dir, PersistentState* st);
   void Close() { db_.reset(); }
   Status ReadFormat(std::string* value, bool* found);
   Status WriteFormat(const std::string& value);

@@ -12,12 +12,13 @@ namespace recflash {
 
 PageFile::~PageFile() { Close(); }
 
-Status PageFile::Open(const std::string& path, uint32_t page_size, bool direct) {
+Status PageFile::Open(const std::string& path, uint32_t page_size, bool direct, bool read_only) {
   path_ = path;
   page_size_ = page_size;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
+  const int mode = read_only ? O_RDONLY : (O_RDWR | O_CREAT);
+  fd_ = ::open(path.c_str(), mode | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
   if (fd_ < 0 && direct && errno == EINVAL) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = ::open(path.c_str(), mode | O_CLOEXEC, 0644);
     direct = false;
   }
   if (fd_ < 0) return Status::FromErrno("open", path, errno);

@@ -15,7 +15,8 @@ class PageFile {
   PageFile(const PageFile&) = delete;
   PageFile& operator=(const PageFile&) = delete;
 
-  Status Open(const std::string& path, uint32_t page_size, bool direct);
+  // read_only: O_RDONLY, the file must exist (no create).
+  Status Open(const std::string& path, uint32_t page_size, bool direct, bool read_only = false);
   void Close();
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }

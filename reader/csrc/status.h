@@ -20,6 +20,8 @@ class Status {
     kLocked,
     kClosed,
     kIOError,
+    kReadOnly,  // a write on a store opened read-only
+    kStale,     // a read-only handle's snapshot no longer matches the page file: reopen
   };
 
   Status() = default;
@@ -34,6 +36,8 @@ class Status {
   static Status Locked(std::string m) { return Status(Code::kLocked, std::move(m)); }
   static Status Closed(std::string m) { return Status(Code::kClosed, std::move(m)); }
   static Status IOError(std::string m) { return Status(Code::kIOError, std::move(m)); }
+  static Status ReadOnly(std::string m) { return Status(Code::kReadOnly, std::move(m)); }
+  static Status Stale(std::string m) { return Status(Code::kStale, std::move(m)); }
   // An IOError from errno, naming the call and the path.
   static Status FromErrno(const std::string& what, const std::string& path, int err);
 

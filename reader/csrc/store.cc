@@ -17,6 +17,7 @@
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 namespace recflash {
@@ -234,14 +235,21 @@ Store::~Store() {
 }
 
 Status Store::Open(const std::string& path, const StoreOptions& options, std::unique_ptr<Store>* out) {
-  std::unique_ptr<Store> s(new Store(options));
-  Status st = s->OpenImpl(path);
-  if (!st.ok()) {
+  // A read-only open races a live writer (a WAL file retired between listing and reading
+  // it): it then simply takes a newer snapshot.
+  const int attempts = options.read_only ? 5 : 1;
+  Status st;
+  for (int i = 0; i < attempts; i++) {
+    std::unique_ptr<Store> s(new Store(options));
+    st = s->OpenImpl(path);
+    if (st.ok()) {
+      *out = std::move(s);
+      return Status::OK();
+    }
     s->closed_ = true;  // nothing to flush
-    return st;
+    if (st.code() != Status::Code::kStale) break;
   }
-  *out = std::move(s);
-  return Status::OK();
+  return st;
 }
 
 Status Store::OpenImpl(const std::string& path) {
@@ -257,6 +265,11 @@ Status Store::OpenImpl(const std::string& path) {
   const fs::path root(path);
   if (fs::exists(root, ec) && !fs::is_directory(root, ec))
     return Status::NotAStore("'" + path + "' is not a recflash store: it exists and is not a directory");
+  if (o_.read_only && o_.accounting)
+    return Status::InvalidArgument("store '" + path + "': read_only and accounting cannot be combined");
+  if (o_.read_only && !fs::exists(root / kMarkerName, ec))
+    return Status::NotAStore("'" + path + "' is not a recflash store (no " + kMarkerName +
+                             " marker): a read-only open needs an existing store");
   if (!fs::exists(root, ec)) {
     fs::create_directories(root, ec);
     if (ec) return Status::IOError("cannot create store directory '" + path + "': " + ec.message());
@@ -301,6 +314,20 @@ Status Store::OpenImpl(const std::string& path) {
       return Status::NotAStore("'" + path + "' has store format " + std::to_string(format) + "; this build reads formats " +
                                std::to_string(kMinFormatVersion) + " to " + std::to_string(kFormatVersion));
     o_.page_size = stored_ps;  // the page size is fixed at creation
+  }
+
+  if (o_.read_only) {
+    // No LOCK: readers coexist with each other and with one writer. Safety comes from the
+    // snapshot (metadata as of the open) and the per-read seq check, not from locking.
+    wal_dir_ = (root / "wal").string();
+    RF_RETURN_IF_ERROR(meta_.Open((root / "meta").string(), false, true));
+    pages_path_ = (root / "pages.dat").string();
+    RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io, true));
+    const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
+    rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
+    RF_RETURN_IF_ERROR(IoRing::Create(o_.queue_depth, slot_bytes, &write_ring_));
+    block_rings_ = std::make_unique<IoRingPool>(128, 4096);
+    return RecoverReadOnly();
   }
 
   const std::string lock_path = (root / "LOCK").string();
@@ -380,6 +407,128 @@ Status Store::Recover() {
   std::lock_guard<std::mutex> wl(write_mu_);
   if (buffer_.bytes() >= o_.write_buffer_bytes) return FlushLocked(false);
   return Status::OK();
+}
+
+Status Store::RecoverReadOnly() {
+  const double t0 = Now();
+  bool found = false;
+  RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
+  std::vector<FeatureDef> defs;
+  RF_RETURN_IF_ERROR(meta_.LoadFeatures(&defs));
+  for (const auto& d : defs) {
+    FeatureState* f = features_.Add(d);
+    f->index.track_lengths(d.variable());
+    defs_[d.name] = d;
+  }
+  std::vector<std::pair<uint32_t, PageMeta>> pages;
+  RF_RETURN_IF_ERROR(meta_.LoadPages(&pages));
+  for (auto& [pid, pm] : pages) {
+    for (const auto& sm : pm.segs)
+      if (!features_.Get(sm.fid))
+        return Status::Corruption("page record " + std::to_string(pid) + " names unknown feature id " +
+                                  std::to_string(sm.fid) + " in '" + path_ + "'");
+    pages_.MarkLive(pid, pm.seq, std::move(pm.segs));
+  }
+  ResetDerivedLocked();
+  // Derived state without reading pages: every record of a non-retired segment is taken as
+  // valid. Counts in stats() are then upper bounds until EnsureKeyIndex() runs.
+  for (uint32_t p = 0; p < pages_.slots(); p++) {
+    PageMeta& pm = pages_.at(p);
+    if (!pm.live) continue;
+    for (auto& sm : pm.segs) {
+      if (sm.retired) continue;
+      FeatureState* f = features_.Get(sm.fid);
+      const uint32_t w = f->def.fixed_width();
+      const uint32_t items = sm.count - sm.tombs;
+      sm.valid = sm.count;
+      sm.valid_bytes = w ? static_cast<uint64_t>(items) * ItemBytes(w) : static_cast<uint64_t>(items) * 8 + sm.length;
+      f->pages.push_back(p);
+      f->live_items += items;
+      f->live_bytes += sm.valid_bytes;
+      f->tombs += sm.tombs;
+    }
+  }
+  key_index_ready_ = false;
+  uint64_t max_no = 0;
+  RF_RETURN_IF_ERROR(ReplayWal(&max_no));
+  current_ = BuildVersion(1);
+  recovery_seconds_ = Now() - t0;
+  return Status::OK();
+}
+
+void Store::ResetDerivedLocked() {
+  for (FeatureState* f : features_.All()) {
+    f->index = KeyIndex();
+    f->index.track_lengths(f->def.variable());
+    f->index_lazy = false;
+    f->index_blob.clear();
+    f->pages.clear();
+    f->live_items = f->live_bytes = f->tombs = 0;
+  }
+  for (uint32_t p = 0; p < pages_.slots(); p++)
+    for (auto& sm : pages_.at(p).segs) {
+      sm.valid = 0;
+      sm.valid_bytes = 0;
+    }
+}
+
+Status Store::EnsureKeyIndex() {
+  std::lock_guard<std::mutex> wl(write_mu_);
+  if (key_index_ready_) return Status::OK();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ResetDerivedLocked();
+  }
+  // The checkpoint describes the state at a writer's clean close; it is used only when its
+  // seq and page count match this snapshot (LoadCheckpoint checks), else the pages are read.
+  opened_from_checkpoint_ = LoadCheckpoint();
+  if (!opened_from_checkpoint_) {
+    Status s = RebuildFromPages();
+    if (!s.ok()) return ExplainReadFailure(s);
+  }
+  auto v = BuildVersion(current_->number + 1);
+  std::lock_guard<std::mutex> l(mu_);
+  current_ = v;
+  key_index_ready_ = true;
+  return Status::OK();
+}
+
+FeatureState* Store::FeatureStateFor(uint32_t fid) {
+  std::lock_guard<std::mutex> l(mu_);
+  return features_.Get(fid);
+}
+
+Status Store::LoadIndex(FeatureState* f) {
+  std::lock_guard<std::mutex> l(lazy_mu_);
+  if (!f->index_lazy) return Status::OK();
+  const char* p = f->index_blob.data();
+  const char* end = p + f->index_blob.size();
+  KeyIndex idx;
+  if (!idx.Deserialize(&p, end) || p != end)
+    return Status::Corruption("checkpoint key index of feature '" + f->def.name + "' in '" + path_ +
+                              "' does not decode");
+  {
+    std::lock_guard<std::mutex> ml(mu_);  // get() reads indexes under mu_
+    f->index = std::move(idx);
+    f->index_lazy = false;
+  }
+  std::string().swap(f->index_blob);
+  return Status::OK();
+}
+
+Status Store::ExplainReadFailure(const Status& s) {
+  if (!o_.read_only || s.code() != Status::Code::kCorruption) return s;
+  // A page that fails verification under a read-only handle is most likely one a writer
+  // rewrote, punched or is writing since this snapshot: the committed state moved on. Check
+  // twice, since a writer commits its metadata only after its pages are durable.
+  for (int i = 0; i < 2; i++) {
+    PersistentState now;
+    if (MetaStore::ReadCurrentState(path_ + "/meta", &now).ok() && now.next_seq != pstate_.next_seq)
+      return Status::Stale("store '" + path_ + "' was changed by a writer since this read-only handle opened (" +
+                           s.message() + "); reopen the store to read the current data");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return s;
 }
 
 Status Store::RebuildFromPages() {
@@ -535,7 +684,7 @@ Status Store::RebuildFromPages() {
 }
 
 namespace {
-constexpr uint64_t kCheckpointMagic = 0x31544b4348434652ull;  // "RFCHCKT1"
+constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": compact key index form
 }
 
 Status Store::WriteCheckpoint() {
@@ -561,7 +710,10 @@ Status Store::WriteCheckpoint() {
     Append(&out, fs->live_items);
     Append(&out, fs->live_bytes);
     Append(&out, fs->tombs);
-    fs->index.Serialize(&out);
+    if (fs->index_lazy)
+      out += fs->index_blob;  // never decoded this session: unchanged
+    else
+      fs->index.Serialize(&out);
     emit();
   }
   for (uint32_t p = 0; p < pages_.slots(); p++) {
@@ -608,13 +760,15 @@ bool Store::LoadCheckpoint() {
   struct F {
     uint32_t id;
     uint64_t items, bytes, tombs;
-    KeyIndex index;
+    const char* blob;
+    size_t blob_len;
   };
   std::vector<F> fs(nf);
   for (auto& f : fs) {
-    if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id) ||
-        !f.index.Deserialize(&p, end))
-      return false;
+    if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id)) return false;
+    f.blob = p;
+    if (!KeyIndex::Skip(&p, end)) return false;  // decoded on first use (LoadIndex)
+    f.blob_len = static_cast<size_t>(p - f.blob);
   }
   std::vector<std::pair<uint32_t, std::vector<std::pair<uint32_t, uint64_t>>>> segs;
   for (uint64_t i = 0; i < live; i++) {
@@ -631,7 +785,10 @@ bool Store::LoadCheckpoint() {
     st->live_items = f.items;
     st->live_bytes = f.bytes;
     st->tombs = f.tombs;
-    st->index = std::move(f.index);
+    st->index = KeyIndex();
+    st->index.track_lengths(st->def.variable());
+    st->index_blob.assign(f.blob, f.blob_len);
+    st->index_lazy = true;
   }
   for (auto& [pid, v] : segs) {
     PageMeta& pm = pages_.at(pid);
@@ -652,12 +809,15 @@ Status Store::ReplayWal(uint64_t* max_number) {
     const std::string name = WalFileName(wal_dir_, no);
     *max_number = std::max(*max_number, no);
     if (no < pstate_.wal_start) {
-      ::unlink(name.c_str());  // its items are in committed pages
+      if (!o_.read_only) ::unlink(name.c_str());  // its items are in committed pages
       continue;
     }
     std::error_code ec;
+    if (!fs::exists(name, ec) && o_.read_only)
+      return Status::Stale("store '" + path_ + "': WAL file '" + name + "' was retired by a writer during the "
+                           "read-only open; reopen");
     if (fs::file_size(name, ec) == 0 && !ec) {
-      ::unlink(name.c_str());  // holds nothing (e.g. the fresh file of a session that wrote nothing)
+      if (!o_.read_only) ::unlink(name.c_str());  // holds nothing (e.g. the fresh file of a session that wrote nothing)
       continue;
     }
     bool torn = false;
@@ -713,6 +873,13 @@ Status Store::CheckReadable() {
   return Status::OK();
 }
 
+Status Store::CheckWritable() {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  if (o_.read_only)
+    return Status::ReadOnly("store '" + path_ + "' is open read-only; open it without read_only to write");
+  return Status::OK();
+}
+
 Status Store::CheckOpen() {
   if (closed_) return Status::Closed("store '" + path_ + "' is closed");
   return Status::OK();
@@ -739,7 +906,7 @@ Status Store::FeatureFor(const std::string& name, FeatureDef* def) {
 }
 
 Status Store::CreateFeature(const std::string& name, const std::string& type, FeatureDef* out) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   if (name.empty() || name.size() > 255)
     return Status::InvalidArgument("feature name must be 1..255 bytes, got " + std::to_string(name.size()));
   ValueType vt;
@@ -799,7 +966,7 @@ std::vector<FeatureDef> Store::Features() {
 
 Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values,
                   size_t values_len, const int64_t* offsets) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
   if (n == 0) return Status::OK();
@@ -838,7 +1005,7 @@ Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, co
 }
 
 Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
   if (n == 0) return Status::OK();
@@ -908,7 +1075,7 @@ Status Store::Write(WriteOp* w) {
 }
 
 Status Store::Sync() {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> wl(write_mu_);
   RF_RETURN_IF_ERROR(bg_error_);
   // Bulk-load mode has no log to sync: the buffer itself goes to pages.
@@ -917,7 +1084,7 @@ Status Store::Sync() {
 }
 
 Status Store::Flush(bool force) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> wl(write_mu_);
   // Bulk-load mode never pins: unlogged items held back would not be durable after flush().
   return FlushLocked(force || o_.bulk_load);
@@ -963,6 +1130,10 @@ Status Store::FlushLocked(bool force) {
   if (!s.ok()) return bg_error_ = s;
   wal_number_ = new_wal;
 
+  for (uint32_t fid : write_fids) {
+    s = LoadIndex(features_.Get(fid));
+    if (!s.ok()) return bg_error_ = s;
+  }
   // Items are written grouped by feature, ascending keys. The buffer is not modified until
   // the new version is installed (no writer runs: we hold write_mu_), so records point into it.
   // A feature whose index is deferred and whose buffered items are all puts above its stored
@@ -1129,7 +1300,7 @@ Status Store::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector
   std::vector<std::vector<SegmentSummary>> summaries;
   std::vector<uint64_t> seqs;
   std::vector<uint32_t> rec_page(recs.size());
-  PageBuilder pb(ps);
+  PageBuilder pb(ps, o_.compact_pages && !o_.accounting);
   AlignedBuffer scratch(o_.accounting ? ps : 0);  // accounting: pages are built, not kept
   auto page_ptr = [&](size_t i) {
     return o_.accounting ? scratch.data() : blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps);
@@ -1279,7 +1450,7 @@ Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint3
     if (pages_.at(p).live) MetaStore::PutPage(&b, p, pages_.at(p));
   for (uint32_t p : freed) MetaStore::DeletePage(&b, p);
   MetaStore::PutState(&b, pstate_);
-  if (!o_.accounting) RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  if (!o_.accounting && !o_.read_only) RF_RETURN_IF_ERROR(meta_.Commit(&b));
   for (uint32_t p : freed) pages_.MarkDead(p);
   return Status::OK();
 }
@@ -1335,7 +1506,7 @@ uint32_t Store::DeferredPage(const Version& v, uint32_t fid, uint64_t key) {
 // Merger and reclamation
 
 Status Store::Compact(const std::vector<std::string>& names) {
-  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckWritable());
   std::vector<FeatureDef> defs;
   for (const auto& n : names) {
     FeatureDef d;
@@ -1380,12 +1551,15 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   for (const auto& t : tasks) want[t.page].push_back(t.fid);
   std::vector<uint32_t> pids;
   for (const auto& [p, f] : want) pids.push_back(p);
-  // Moving records needs each key's current location: materialize deferred indexes first.
+  // Moving records needs each key's current location: load checkpointed indexes and
+  // materialize deferred ones first.
   for (const auto& [pid, wf] : want) {
     const bool all = std::find(wf.begin(), wf.end(), MoveTask::kAllFeatures) != wf.end();
     for (const auto& sm : pages_.at(pid).segs) {
+      FeatureState* f = features_.Get(sm.fid);
+      RF_RETURN_IF_ERROR(LoadIndex(f));
       if (sm.retired || (!all && std::find(wf.begin(), wf.end(), sm.fid) == wf.end())) continue;
-      RF_RETURN_IF_ERROR(MaterializeIndexLocked(features_.Get(sm.fid)));
+      RF_RETURN_IF_ERROR(MaterializeIndexLocked(f));
     }
   }
 
@@ -1599,7 +1773,11 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   // Upper-bound position of hi in a sorted key array.
   auto upper = [&](const uint64_t* b, const uint64_t* e) { return to_end ? e : std::lower_bound(b, e, hi); };
   std::vector<FeatureDef> defs(nf);
-  for (size_t i = 0; i < nf; i++) RF_RETURN_IF_ERROR(FeatureFor(names[i], &defs[i]));
+  for (size_t i = 0; i < nf; i++) {
+    RF_RETURN_IF_ERROR(FeatureFor(names[i], &defs[i]));
+    // Checkpointed key indexes decode on first use; the index-guided merge below needs them.
+    if (FeatureState* f = FeatureStateFor(defs[i].id)) RF_RETURN_IF_ERROR(LoadIndex(f));
+  }
   out->assign(nf, ColumnData());
   std::vector<BufferedItems> buf(nf);
   std::shared_ptr<const Version> v;
@@ -1687,6 +1865,11 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     for (const auto& [i, j] : users[pid]) {
       const FeatureDef& def = defs[i];
+      if (pv.seq() != refs[i][j].seq)
+        return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                             "' was rewritten by a writer since this read-only handle opened (seq " +
+                             std::to_string(pv.seq()) + ", snapshot expects " + std::to_string(refs[i][j].seq) +
+                             "); reopen the store to read the current data");
       SegmentView sv;
       if (!pv.Find(def.id, &sv))
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
@@ -1741,7 +1924,8 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   if (!pids.empty()) {
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, cb));
+    Status rs = ReadPages(ring.get(), pids, cb);
+    if (!rs.ok()) return ExplainReadFailure(rs);
   }
 
   uint64_t useful = 0, items = 0;
@@ -2050,8 +2234,10 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());
+  RF_RETURN_IF_ERROR(EnsureKeyIndex());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  RF_RETURN_IF_ERROR(LoadIndex(FeatureStateFor(def.id)));
   const uint32_t w = def.fixed_width();
   const uint32_t ps = o_.page_size;
   // Unique requested keys, ascending.
@@ -2118,6 +2304,10 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   double encoded = 0;
   std::vector<uint64_t> tmp;
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    // (pages_ is immutable on a read-only handle once its key index is built.)
+    if (o_.read_only && pv.seq() != pages_.at(pid).seq)
+      return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                           "' was rewritten by a writer since this read-only handle opened; reopen the store");
     SegmentView sv;
     if (!pv.Find(def.id, &sv))
       return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
@@ -2149,7 +2339,8 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   if (!pids.empty()) {
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, cb));
+    Status rs = ReadPages(ring.get(), pids, cb);
+    if (!rs.ok()) return ExplainReadFailure(rs);
   }
   // Output aligned with the request.
   out->keys.assign(keys, keys + n);
@@ -2174,6 +2365,20 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
     if (!w) out->offsets.push_back(static_cast<int32_t>(out->values.size() / elem));
   }
   FinishRead(pids.size(), useful, encoded, items, t0, st);
+  return Status::OK();
+}
+
+Status Store::KeyRanges(const std::string& name, std::vector<PageRef>* out) {
+  RF_RETURN_IF_ERROR(CheckOpen());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  std::shared_ptr<const Version> v;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    v = current_;
+  }
+  out->clear();
+  if (def.id < v->features.size() && v->features[def.id]) *out = *v->features[def.id];  // sorted by min_key
   return Status::OK();
 }
 
@@ -2222,11 +2427,16 @@ Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());
+  RF_RETURN_IF_ERROR(EnsureKeyIndex());
+  // Block reads are verified against checksums a whole-page read took; a read-only handle may
+  // race a writer reusing slots, so it reads whole (verified, seq-checked) pages only.
+  if (o_.read_only) vector_grained = false;
   const size_t nr = reqs.size();
   std::vector<FeatureDef> defs(nr);
   for (size_t r = 0; r < nr; r++) {
     const GatherRequest& q = reqs[r];
     RF_RETURN_IF_ERROR(FeatureFor(q.feature, &defs[r]));
+    RF_RETURN_IF_ERROR(LoadIndex(FeatureStateFor(defs[r].id)));
     if (defs[r].type != ValueType::kFixedFloat32)
       return Status::Schema("feature '" + q.feature + "' is " + defs[r].TypeString() +
                             "; embedding rows need fixed_size_list<float32, D>");
@@ -2455,7 +2665,10 @@ Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector
     std::vector<uint64_t> keys;
     RingLease ring(rings_.get());
     RF_RETURN_IF_ERROR(ring.Acquire());
-    RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
+    Status rs = ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
+      if (o_.read_only && pv.seq() != pages_.at(pid).seq)
+        return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                             "' was rewritten by a writer since this read-only handle opened; reopen the store");
       // Pages complete in any order (io_uring), so find this page's rows by search.
       size_t cursor = std::lower_bound(by_page.begin(), by_page.end(), pid,
                                        [](const PageNeed& a, uint32_t p) { return a.page < p; }) - by_page.begin();
@@ -2490,7 +2703,8 @@ Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector
       }
       if (take_sums && sums) sums->Record(pid, pv.seq(), pv.data());
       return Status::OK();
-    }));
+    });
+    if (!rs.ok()) return ExplainReadFailure(rs);
     RF_RETURN_IF_ERROR(run_ready());
   }
   return Status::OK();
@@ -2539,7 +2753,11 @@ Status Store::VerifyRows(const std::string& name, uint64_t* pages_read) {
 Status Store::Close() {
   if (closed_) return Status::OK();
   Status s;
-  {
+  if (o_.read_only) {
+    std::unique_lock<std::mutex> l(mu_);
+    closed_ = true;
+    readers_cv_.wait(l, [&] { return readers_.empty(); });
+  } else {
     std::lock_guard<std::mutex> wl(write_mu_);
     if (bg_error_.ok()) s = FlushLocked(true);
     Status s2 = wal_.Sync();
@@ -2628,6 +2846,8 @@ std::string Store::StatsJson() {
   j.KV("flushes", static_cast<double>(flushes_));
   j.KV("recovery_seconds", recovery_seconds_);
   j.KV("recovered_wal_records", static_cast<double>(recovered_wal_records_));
+  j.Key("read_only");
+  j.Bool(o_.read_only);
   j.Key("opened_from_checkpoint");
   j.Bool(opened_from_checkpoint_);
   j.Key("direct_io");
@@ -2648,9 +2868,9 @@ std::string Store::StatsJson() {
     j.KV("tombstones", static_cast<double>(f->tombs));
     j.KV("pages", static_cast<double>(f->pages.size()));
     j.KV("fragmentation", FragmentationDegree(*f, pages_, ps));
-    j.KV("key_index_bytes", static_cast<double>(f->index.MemoryBytes()));
+    j.KV("key_index_bytes", static_cast<double>(f->index_lazy ? f->index_blob.size() : f->index.MemoryBytes()));
     j.Key("dense_keys");
-    j.Bool(f->index.dense());
+    j.Bool(f->index_lazy ? (!f->index_blob.empty() && f->index_blob[0] != 0) : f->index.dense());
     j.Close();
   }
   j.Close();

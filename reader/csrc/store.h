@@ -64,6 +64,18 @@ struct StoreOptions {
   // Reaches dataset sizes the disk cannot hold; nothing survives close().
   bool accounting = false;
   uint32_t max_io_bytes = 256u << 10;     // largest coalesced read
+  // Read-only handle (many processes at once, e.g. Ray read tasks): no LOCK taken, RocksDB
+  // opened read-only, the WAL replayed into DRAM without touching files, no checkpoint
+  // consumed, writes refused. The handle reads the snapshot of its open; every page read
+  // checks the page's seq against it, so a page a writer rewrote since then fails with a
+  // Stale status (reopen) instead of returning other data.
+  bool read_only = false;
+  // Compact pages: int64 values stored frame-of-reference packed (1, 2 or 4 bytes each when a
+  // segment's value range allows; 32-bit hashed ids take 4 bytes, small counts 1-2). Off by
+  // default, so item sizes stay what the amplification benchmarks assume; `recflash import`
+  // turns it on. Readers need no option (segments describe themselves). Accounting mode
+  // ignores it: it does not know the values of records it merges.
+  bool compact_pages = false;
   PinnerOptions pinner;
   MergerOptions merger;
   ReclaimOptions reclaim;
@@ -111,7 +123,9 @@ struct ColumnData {
   std::vector<uint8_t> found;    // get(): 1 where the key has a value
 };
 
-// Snapshot of which pages hold each feature's valid items.
+// Snapshot of which pages hold each feature's valid items. (A read-only handle that has not
+// built its key index counts every record of a non-retired segment as valid: reads stay
+// exact because the newest seq wins per key, only direct placement needs disjoint pages.)
 struct PageRef {
   uint32_t page;
   uint32_t count;
@@ -178,6 +192,11 @@ class Store {
   // What scanning a whole feature would read, from the metadata alone (no I/O): pages,
   // bytes, useful and encoded bytes. Works in both modes.
   Status AccountScan(const std::string& feature, ReadStats* st);
+  // Key range and record count of every page holding the feature in the current snapshot,
+  // ascending by min_key (ranges may overlap where old versions are not yet merged). Used to
+  // split a scan into key ranges of similar size; buffered items are not counted.
+  Status KeyRanges(const std::string& feature, std::vector<PageRef>* out);
+  bool read_only() const { return o_.read_only; }
 
   // Rows of an embedding table (a fixed_size_list<float32, D> feature) for `ids` (ascending,
   // unique) into out[n x D]. A row in a packed page (one feature, run keys, all valid — the
@@ -222,6 +241,20 @@ class Store {
   explicit Store(const StoreOptions& o);
   Status OpenImpl(const std::string& path);
   Status Recover();
+  // Read-only open: metadata and WAL only, no page read (see StoreOptions::read_only).
+  Status RecoverReadOnly();
+  // Read-only handles build the key index (for get() and row gathers) on first use, from
+  // the checkpoint when it matches their snapshot, else by reading the live pages.
+  Status EnsureKeyIndex();
+  // The feature's key index, decoded from its checkpoint bytes on first use (FeatureState::
+  // index_lazy). Thread-safe; call before touching f->index.
+  Status LoadIndex(FeatureState* f);
+  FeatureState* FeatureStateFor(uint32_t fid);
+  void ResetDerivedLocked();
+  Status CheckWritable();
+  // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
+  // or the file is corrupt (the original status).
+  Status ExplainReadFailure(const Status& s);
   Status RebuildFromPages();
   // Clean-shutdown checkpoint of the derived state (key indexes, valid counts), so a clean
   // reopen need not read every page. Consumed (deleted) at open: it only ever describes the
@@ -278,6 +311,7 @@ class Store {
 
   // Writer side (guarded by write_mu_).
   std::mutex write_mu_;
+  std::mutex lazy_mu_;  // decoding lazily loaded key indexes
   WalWriter wal_;
   uint64_t wal_number_ = 0;
   PersistentState pstate_;
@@ -316,6 +350,7 @@ class Store {
   uint64_t flush_pages_written_ = 0;
   uint64_t recovered_wal_records_ = 0;
   bool opened_from_checkpoint_ = false;
+  bool key_index_ready_ = true;  // false on a read-only handle until EnsureKeyIndex
   double recovery_seconds_ = 0;
 };
 

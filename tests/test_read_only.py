@@ -1,0 +1,140 @@
+"""Read-only store handles: many readers (threads, processes) at once and alongside a writer,
+snapshot semantics, stale-page detection, key ranges for splitting scans."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from recflash.reader import (NotAStoreError, ReadOnlyError, StaleSnapshotError, Store, StoreLockedError,
+                             StoreOptions)
+
+
+def _opts(**kw):
+    return StoreOptions(page_size=4096, write_buffer_bytes=256 << 10, **kw)
+
+
+def _fill(path, n=20000):
+    s = Store.open(path, _opts())
+    s.create_feature("a", "float32")
+    s.create_feature("b", "int64")
+    s.create_feature("h", "list<int64>")
+    k = np.arange(n, dtype=np.uint64)
+    s.put("a", k, k.astype(np.float32))
+    s.put("b", k[::3], (k[::3] * 7).astype(np.int64))
+    s.put("h", k[::5], pa.array([[int(x), int(x) + 1] for x in k[::5]], type=pa.list_(pa.int64())))
+    s.flush()
+    return s, k
+
+
+def test_read_only_sees_pages_and_wal(store_path):
+    w, k = _fill(store_path)
+    w.put("a", k[:10], np.full(10, -1.0, np.float32))  # in the writer's buffer / WAL only
+    w.delete("b", k[:3])
+    w.sync()
+    r = Store.open(store_path, read_only=True)  # alongside the writer: no StoreLockedError
+    assert r.read_only
+    feats = ["a", "b", "h"]
+    assert r.scan_many(feats).equals(w.scan_many(feats))
+    assert r.get("a", k[:12]).to_pylist() == w.get("a", k[:12]).to_pylist()
+    r.close()
+    w.close()
+
+
+def test_read_only_refuses_writes_and_changes_nothing(store_path):
+    w, k = _fill(store_path)
+    w.close()
+    assert os.path.exists(os.path.join(store_path, "CHECKPOINT"))
+    before = sorted(os.listdir(store_path)), sorted(os.listdir(os.path.join(store_path, "wal")))
+    r = Store.open(store_path, StoreOptions(read_only=True))
+    for call in (lambda: r.put("a", k[:1], np.zeros(1, np.float32)), lambda: r.delete("a", k[:1]),
+                 lambda: r.flush(), lambda: r.compact(), lambda: r.sync(),
+                 lambda: r.create_feature("z", "float32")):
+        with pytest.raises(ReadOnlyError, match="read-only"):
+            call()
+    assert r.scan("a").num_rows == len(k)
+    r.close()
+    assert (sorted(os.listdir(store_path)), sorted(os.listdir(os.path.join(store_path, "wal")))) == before
+    # The checkpoint was left for the next writer: a clean writer reopen reads no pages.
+    w = Store.open(store_path, _opts())
+    assert w.stats()["opened_from_checkpoint"]
+    w.close()
+
+
+def test_read_only_needs_an_existing_store(tmp_path):
+    with pytest.raises(NotAStoreError, match="read-only"):
+        Store.open(str(tmp_path / "nothing"), read_only=True)
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_writer_lock_still_exclusive(store_path):
+    w, _ = _fill(store_path)
+    r = Store.open(store_path, read_only=True)
+    with pytest.raises(StoreLockedError):
+        Store.open(store_path, _opts())
+    r.close()
+    w.close()
+
+
+def test_rewritten_pages_raise_stale_then_reopen_reads_new_data(store_path):
+    w, k = _fill(store_path)
+    r = Store.open(store_path, read_only=True)
+    old = r.scan("a")
+    for i in range(3):  # updates + a full merge rewrite (and reuse) the pages r's snapshot names
+        w.put("a", k, (k + 100 + i).astype(np.float32))
+        w.flush()
+    w.compact()
+    w.put("b", k, k.astype(np.int64))
+    w.flush()
+    with pytest.raises(StaleSnapshotError) as e:
+        r.scan_many(["a", "b"])
+    assert store_path in str(e.value) and "reopen" in str(e.value)
+    r.close()
+    r = Store.open(store_path, read_only=True)
+    new = r.scan("a")
+    assert new.num_rows == old.num_rows
+    assert np.array_equal(new.column("value").to_numpy(), (k + 102).astype(np.float32))
+    r.close()
+    w.close()
+
+
+def test_key_ranges_and_open_ended_range(store_path):
+    w, k = _fill(store_path)
+    w.close()
+    r = Store.open(store_path, read_only=True)
+    kr = r.key_ranges("a")
+    assert int(kr["items"].sum()) == len(k)
+    assert np.all(np.diff(kr["min_key"].astype(np.int64)) > 0)
+    assert np.all(kr["min_key"] <= kr["max_key"])
+    cut = int(kr["min_key"][len(kr["min_key"]) // 2])
+    lo = r.scan_many(["a", "b"], key_range=(0, cut))
+    hi = r.scan_many(["a", "b"], key_range=(cut, None))
+    assert pa.concat_tables([lo, hi]).equals(r.scan_many(["a", "b"]))
+    r.close()
+
+
+def _scan_in_child(path, q):
+    r = Store.open(path, read_only=True)
+    t = r.scan_many(["a", "b", "h"])
+    q.put((t.num_rows, float(pa.compute.sum(t.column("a").cast(pa.float64())).as_py()), int(pa.compute.sum(t.column("b")).as_py())))
+    r.close()
+
+
+def test_two_processes_read_only_at_once(store_path):
+    w, k = _fill(store_path)
+    w.close()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_scan_in_child, args=(store_path, q)) for _ in range(2)]
+    for p in ps:
+        p.start()
+    got = [q.get(timeout=120) for _ in ps]
+    for p in ps:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    want = (len(k), float(k.astype(np.float64).sum()), int((k[::3] * 7).sum()))
+    assert got == [want, want]

@@ -1,4 +1,5 @@
 #include "ingest/csrc/criteo_tsv.h"
+#include "ingest/csrc/hex_ids.h"
 
 #include <array>
 #include <cstring>
@@ -10,16 +11,6 @@ namespace {
 constexpr int kInt = 13;
 constexpr int kCat = 26;
 
-// Nibble of an ASCII hex digit, or 0xFF.
-constexpr std::array<uint8_t, 256> MakeHexTable() {
-  std::array<uint8_t, 256> t{};
-  for (auto& v : t) v = 0xFF;
-  for (int c = '0'; c <= '9'; c++) t[c] = static_cast<uint8_t>(c - '0');
-  for (int c = 'a'; c <= 'f'; c++) t[c] = static_cast<uint8_t>(c - 'a' + 10);
-  for (int c = 'A'; c <= 'F'; c++) t[c] = static_cast<uint8_t>(c - 'A' + 10);
-  return t;
-}
-constexpr std::array<uint8_t, 256> kHex = MakeHexTable();
 
 // Field parsers: p at the field's first byte; on success *p ends at its terminator ('\t',
 // '\n' or end). Return 0 = empty field, 1 = value, -1 = outside the fast path's grammar.
@@ -48,7 +39,7 @@ inline int ParseHex(const uint8_t** pp, const uint8_t* end, int64_t* out) {
   uint64_t v = 0;
   uint8_t bad = 0;
   while (p < end && *p != '\t' && *p != '\n') {
-    const uint8_t d = kHex[*p++];
+    const uint8_t d = kHexNibble[*p++];
     bad |= d;
     v = (v << 4) | (d & 0x0F);
   }

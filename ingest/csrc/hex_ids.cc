@@ -7,16 +7,6 @@ namespace recflash::ingest {
 
 namespace {
 
-// Nibble of an ASCII hex digit, or 0xFF.
-constexpr std::array<uint8_t, 256> MakeTable() {
-  std::array<uint8_t, 256> t{};
-  for (auto& v : t) v = 0xFF;
-  for (int c = '0'; c <= '9'; c++) t[c] = static_cast<uint8_t>(c - '0');
-  for (int c = 'a'; c <= 'f'; c++) t[c] = static_cast<uint8_t>(c - 'a' + 10);
-  for (int c = 'A'; c <= 'F'; c++) t[c] = static_cast<uint8_t>(c - 'A' + 10);
-  return t;
-}
-constexpr std::array<uint8_t, 256> kNibble = MakeTable();
 
 // Eight hex digits at p (first digit most significant); false if any is not a digit. SWAR
 // on one little-endian word (first digit in the low byte), as recflash.ingest.hexids does
@@ -64,7 +54,7 @@ size_t ParseHexIds(const int32_t* offsets, const uint8_t* data, const uint8_t* v
     } else if (len <= 16) {
       uint8_t any_bad = 0;
       for (int32_t j = 0; j < len; j++) {
-        const uint8_t d = kNibble[p[j]];
+        const uint8_t d = kHexNibble[p[j]];
         any_bad |= d;
         v = (v << 4) | (d & 0x0F);
       }

@@ -5,11 +5,23 @@
 // vectorised numpy version it replaces needed about 15 % of an import's CPU time and held
 // the GIL between its many small ufunc calls, stalling the thread that feeds the store.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace recflash::ingest {
+
+// Nibble of an ASCII hex digit, or 0xFF (shared by the hex-id and Criteo TSV parsers).
+constexpr std::array<uint8_t, 256> MakeHexNibbleTable() {
+  std::array<uint8_t, 256> t{};
+  for (auto& v : t) v = 0xFF;
+  for (int c = '0'; c <= '9'; c++) t[c] = static_cast<uint8_t>(c - '0');
+  for (int c = 'a'; c <= 'f'; c++) t[c] = static_cast<uint8_t>(c - 'a' + 10);
+  for (int c = 'A'; c <= 'F'; c++) t[c] = static_cast<uint8_t>(c - 'A' + 10);
+  return t;
+}
+inline constexpr std::array<uint8_t, 256> kHexNibble = MakeHexNibbleTable();
 
 // Parses the n strings data[offsets[i], offsets[i + 1]) whose validity bit is set (`validity`
 // is an Arrow LSB-first bitmap read from bit `bit_offset`; nullptr: all valid). An empty

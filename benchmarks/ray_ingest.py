@@ -391,17 +391,9 @@ def main() -> int:
                 "note": "store directory bytes per item / uncompressed Parquet bytes per item (<= target)"},
         }
         res["seconds"] = time.perf_counter() - t_start
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1, default=float) + "\n")
-        log(f"results in {args.json}")
-        png = Path(args.plot) if args.plot else Path(args.json).with_suffix(".png")
-        try:
-            plot(png, res)
-            log(f"plot in {png}")
-        except ImportError:
-            log("matplotlib missing: no plot")
-        for name, t in res["targets"].items():
-            log(f"target {name}: {t['measured']:.2f} vs {t['target']:.1f} -> {'pass' if t['met'] else 'FAIL'}")
+        from report import write_report
+
+        write_report(res, args.json, args.plot, plot, log)
         return 0
     finally:
         if ray.is_initialized():

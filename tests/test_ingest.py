@@ -358,7 +358,9 @@ def _start_and_stop(cmd: list[str], store: Path, sig: int) -> tuple[subprocess.P
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_resume_after_interruption(tmp_path, sig):
     src = tmp_path / "big.tsv"
-    rows = 120_000
+    # Large enough that an import still has most of its chunks ahead when the first one is
+    # durable (the C++ parser imports 120 k rows in well under a second).
+    rows = 300_000
     synthetic.write_criteo_tsv(src, rows, seed=4)
     store = tmp_path / "store"
     cmd = [RECFLASH, "import", "criteo", str(src), "--store", str(store), "--block-mb", "0.25",

@@ -42,6 +42,10 @@ import threading
 import time
 from pathlib import Path
 
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+if BENCH_DIR not in sys.path:  # benchmarks/report.py, also under python -P
+    sys.path.insert(0, BENCH_DIR)
+
 import numpy as np
 
 TARGET_IMPORT_MB_S = 100.0

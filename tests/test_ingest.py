@@ -340,7 +340,10 @@ def _journal(store: Path) -> dict | None:
 
 
 def _start_and_stop(cmd: list[str], store: Path, sig: int) -> tuple[subprocess.Popen, str]:
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    # A shell that started pytest in the background may have left SIGINT ignored, and the
+    # child would inherit that: give it the default disposition, as a terminal's Ctrl-C sees.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp",
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline:
         j = _journal(store)

@@ -183,14 +183,7 @@ def block_device_of(path: str) -> dict:
     return info
 
 
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+from baselines.common import drop_caches  # noqa: E402  (sync + drop the page cache)
 
 
 def loadavg() -> list:

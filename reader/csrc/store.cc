@@ -356,8 +356,7 @@ Status Store::OpenImpl(const std::string& path) {
   return Recover();
 }
 
-Status Store::Recover() {
-  const double t0 = Now();
+Status Store::LoadTables(uint32_t* max_pid) {
   bool found = false;
   RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
   std::vector<FeatureDef> defs;
@@ -369,16 +368,23 @@ Status Store::Recover() {
   }
   std::vector<std::pair<uint32_t, PageMeta>> pages;
   RF_RETURN_IF_ERROR(meta_.LoadPages(&pages));
-  uint32_t max_pid = 0;
+  *max_pid = 0;
   for (auto& [pid, pm] : pages) {
-    for (const auto& s : pm.segs)
-      if (!features_.Get(s.fid))
+    for (const auto& sm : pm.segs)
+      if (!features_.Get(sm.fid))
         return Status::Corruption("page record " + std::to_string(pid) + " names unknown feature id " +
-                                  std::to_string(s.fid) + " in '" + path_ + "'");
+                                  std::to_string(sm.fid) + " in '" + path_ + "'");
     pages_.MarkLive(pid, pm.seq, std::move(pm.segs));
-    max_pid = std::max(max_pid, pid + 1);
+    *max_pid = std::max(*max_pid, pid + 1);
   }
-  if (o_.accounting && !pages.empty())
+  return Status::OK();
+}
+
+Status Store::Recover() {
+  const double t0 = Now();
+  uint32_t max_pid = 0;
+  RF_RETURN_IF_ERROR(LoadTables(&max_pid));
+  if (o_.accounting && max_pid > 0)
     return Status::InvalidArgument("accounting mode needs a new store; '" + path_ + "' already holds pages");
   uint64_t slots = 0;
   RF_RETURN_IF_ERROR(file_.SlotCount(&slots));
@@ -411,24 +417,8 @@ Status Store::Recover() {
 
 Status Store::RecoverReadOnly() {
   const double t0 = Now();
-  bool found = false;
-  RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
-  std::vector<FeatureDef> defs;
-  RF_RETURN_IF_ERROR(meta_.LoadFeatures(&defs));
-  for (const auto& d : defs) {
-    FeatureState* f = features_.Add(d);
-    f->index.track_lengths(d.variable());
-    defs_[d.name] = d;
-  }
-  std::vector<std::pair<uint32_t, PageMeta>> pages;
-  RF_RETURN_IF_ERROR(meta_.LoadPages(&pages));
-  for (auto& [pid, pm] : pages) {
-    for (const auto& sm : pm.segs)
-      if (!features_.Get(sm.fid))
-        return Status::Corruption("page record " + std::to_string(pid) + " names unknown feature id " +
-                                  std::to_string(sm.fid) + " in '" + path_ + "'");
-    pages_.MarkLive(pid, pm.seq, std::move(pm.segs));
-  }
+  uint32_t max_pid = 0;
+  RF_RETURN_IF_ERROR(LoadTables(&max_pid));
   ResetDerivedLocked();
   // Derived state without reading pages: every record of a non-retired segment is taken as
   // valid. Counts in stats() are then upper bounds until EnsureKeyIndex() runs.

@@ -240,6 +240,9 @@ class Store {
 
   explicit Store(const StoreOptions& o);
   Status OpenImpl(const std::string& path);
+  // Feature table, page table and persistent state from RocksDB; *max_pid = one past the
+  // highest live page id (0: no pages). Shared by both recovery paths.
+  Status LoadTables(uint32_t* max_pid);
   Status Recover();
   // Read-only open: metadata and WAL only, no page read (see StoreOptions::read_only).
   Status RecoverReadOnly();

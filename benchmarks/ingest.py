@@ -228,9 +228,8 @@ def _cpu() -> float:
 
 
 def profile_store(tsv: Path, workdir: Path, rows_wanted: int, write_buffer_mb: float, block_mb: float) -> dict:
-    from recflash.ingest.importer import _write_chunk
+    from recflash.ingest.importer import ImportOptions, _open_store, _write_chunk
     from recflash.ingest.sources import CriteoSource
-    from recflash.reader import Store, StoreOptions
 
     src = CriteoSource([str(tsv)], block_bytes=int(block_mb * MiB))
     schema = src.prepare()
@@ -246,8 +245,8 @@ def profile_store(tsv: Path, workdir: Path, rows_wanted: int, write_buffer_mb: f
     path = workdir / "store-only"
     shutil.rmtree(path, ignore_errors=True)
     t0, c0 = time.perf_counter(), _cpu()
-    # bulk-load mode and one sync per write buffer of input, as the importer does
-    s = Store.open(str(path), StoreOptions(write_buffer_bytes=int(write_buffer_mb * MiB), bulk_load=True))
+    # the importer's own store options (bulk load, compact pages) and one sync per write buffer
+    s = _open_store(str(path), ImportOptions(write_buffer_mb=write_buffer_mb))
     for n, t in schema.items():
         s.create_feature(n, t)
     key = items = 0

@@ -124,11 +124,7 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
   const uint32_t width = f.fixed_width();
   if (n == 0) return 0;
   if (width == 0) return Add(f, keys[0], values, 0, false) ? 1 : 0;  // not for variable-width values
-  if (compact_) {  // packed values and key bitmaps are sized item by item
-    size_t k = 0;
-    while (k < n && Add(f, keys[k], values + k * width, width, false)) k++;
-    return k;
-  }
+  const bool packable = compact_ && f.type == ValueType::kInt64;
   const bool new_seg = segs_.empty() || segs_.back().fid != f.id;
   // The segment as it would be after taking items [0, k): closed bytes before it plus its size.
   uint32_t base = closed_bytes_;
@@ -136,6 +132,8 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
   bool run = true;
   uint32_t varint = 1;
   uint64_t first = keys[0], prev = keys[0];
+  int64_t vmin = 0, vmax = 0;
+  if (packable) std::memcpy(&vmin, values, 8), vmax = vmin;
   if (new_seg) {
     if (!segs_.empty()) base += segs_.back().BodyBytes();
   } else {
@@ -145,9 +143,12 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     varint = s.varint_bytes;
     first = s.keys.front();
     prev = s.keys.back();
+    vmin = s.vmin;
+    vmax = s.vmax;
   }
   // Size of the segment with cnt items (SegBytes for a tombstone-free fixed-width segment),
-  // inline: this loop runs once per item of a bulk load.
+  // inline: this loop runs once per item of a bulk load. Compact pages add a key bitmap
+  // choice and the packed width, which follows the running value range.
   const uint32_t fixed = base + sizeof(SegDesc) + kSegBodyHeader + (ValueAlign(width) - 1);
   size_t k = 0;
   while (k < n) {
@@ -155,11 +156,23 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     const uint32_t cnt = have + static_cast<uint32_t>(k) + 1;
     const bool r = run && key == first + (cnt - 1);
     const uint32_t vb = (have + k == 0) ? 1 : varint + VarintSize(key - prev);
-    const uint64_t kb = r ? 0 : KeyBytes(cnt, vb, key - first + 1, false);  // as SegBytes
-    if (static_cast<uint64_t>(fixed) + kb + static_cast<uint64_t>(cnt) * width > page_size_) break;
+    const uint64_t kb = r ? 0 : KeyBytes(cnt, vb, key - first + 1, compact_);  // as SegBytes
+    uint64_t value_bytes = static_cast<uint64_t>(cnt) * width;
+    int64_t lo = vmin, hi = vmax;
+    if (packable) {
+      int64_t v;
+      std::memcpy(&v, values + 8 * k, 8);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+      const uint32_t pack = PackBytes(lo, hi);
+      if (pack < 8) value_bytes = 8 + static_cast<uint64_t>(cnt) * pack;
+    }
+    if (static_cast<uint64_t>(fixed) + kb + value_bytes > page_size_) break;
     run = r;
     varint = vb;
     prev = key;
+    vmin = lo;
+    vmax = hi;
     k++;
   }
   if (k == 0) return 0;
@@ -169,10 +182,14 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     Seg& s = segs_.back();
     s.fid = f.id;
     s.width = width;
+    s.packable = packable;
+    s.bitmap_ok = compact_;
   }
   Seg& s = segs_.back();
   s.run = run;
   s.varint_bytes = varint;
+  s.vmin = vmin;
+  s.vmax = vmax;
   s.keys.insert(s.keys.end(), keys, keys + k);
   s.tomb.resize(s.tomb.size() + k, 0);
   s.values.insert(s.values.end(), values, values + k * width);

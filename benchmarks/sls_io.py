@@ -55,7 +55,7 @@ The store's page file has such holes (freed slots are punched); fio over it is r
 
 The machine is shared: every point records the other processes' reads on the device meanwhile
 (diskstats minus our own) and is marked clean when they stay below 2 % of our requests and 10 %
-of our bytes; throughput rounds run until three are clean (at most six), each after waiting
+of our bytes; throughput rounds run until five are clean (at most eight), each after waiting
 (bounded) for a quiet second.
 
 Targets (issue 6, fixed, never loosened):
@@ -506,8 +506,8 @@ class Bench:
             dist_min_batches=1 if q else 2,
             throughput_batch=64 if q else 256,
             throughput_seconds=0.5 if q else 4.0,
-            throughput_rounds=1 if q else 3,
-            throughput_max_rounds=1 if q else 6,
+            throughput_rounds=1 if q else 5,
+            throughput_max_rounds=1 if q else 8,
             quiet_wait_s=2.0 if q else 20.0,
             throughput_qd1_after=not q,
             fio_runtime=1.0 if q else 3.0,

@@ -48,6 +48,8 @@ if BENCH_DIR not in sys.path:  # benchmarks/report.py, also under python -P
 
 import numpy as np
 
+from report import remove_workdir, write_report
+
 TARGET_IMPORT_MB_S = 100.0
 TARGET_PEAK_RSS_MB = 2048.0
 TARGET_PREPROCESS_SAMPLES_S = 1_000_000.0
@@ -473,18 +475,11 @@ def main() -> int:
                                          "met": res["preprocess"]["samples_per_s"] >= TARGET_PREPROCESS_SAMPLES_S},
         }
         res["seconds"] = time.perf_counter() - t_start
-        from report import write_report
-
         write_report(res, args.json, args.plot, plot, log)
         return 0 if res["import"]["verified"] else 1
     finally:
         if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-            if not args.dir:
-                try:
-                    work.parent.rmdir()
-                except OSError:
-                    pass
+            remove_workdir(work, parent_too=not args.dir)
 
 
 if __name__ == "__main__":

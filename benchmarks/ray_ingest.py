@@ -52,6 +52,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from report import remove_workdir, write_report  # noqa: E402
+
 TARGET_READ_RATIO = 1.0       # recflash / Parquet samples/s, 8 of 39 features
 TARGET_UPDATE_SPEEDUP = 10.0  # Parquet rewrite time / recflash update time
 TARGET_BYTES_RATIO = 2.0      # store bytes per item / uncompressed Parquet bytes per item
@@ -391,7 +393,6 @@ def main() -> int:
                 "note": "store directory bytes per item / uncompressed Parquet bytes per item (<= target)"},
         }
         res["seconds"] = time.perf_counter() - t_start
-        from report import write_report
 
         write_report(res, args.json, args.plot, plot, log)
         return 0
@@ -399,12 +400,7 @@ def main() -> int:
         if ray.is_initialized():
             ray.shutdown()
         if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-            if not args.dir:
-                try:
-                    work.parent.rmdir()
-                except OSError:
-                    pass
+            remove_workdir(work, parent_too=not args.dir)
 
 
 if __name__ == "__main__":

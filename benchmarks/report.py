@@ -23,3 +23,16 @@ def write_report(res: dict, json_path: str, plot_path: Optional[str], plot: Call
     for name, t in res.get("targets", {}).items():
         log(f"target {name}: {format(t['measured'], number)} vs {format(t['target'], number)} -> "
             f"{'met' if t['met'] else 'MISSED'}")
+
+
+def remove_workdir(work: Path, parent_too: bool) -> None:
+    """Deletes a benchmark's working directory, and its parent when the benchmark created that
+    too (the default /tmp/<benchmark>/run-PID layout) and it is now empty."""
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    if parent_too:
+        try:
+            work.parent.rmdir()
+        except OSError:
+            pass

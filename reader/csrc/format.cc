@@ -63,6 +63,16 @@ uint32_t PageBuilder::used_bytes() const {
   return segs_.empty() ? closed_bytes_ : closed_bytes_ + segs_.back().BodyBytes();
 }
 
+PageBuilder::Seg& PageBuilder::OpenSegment(const FeatureDef& f, bool packable) {
+  if (!segs_.empty()) closed_bytes_ += segs_.back().BodyBytes();
+  Seg& s = segs_.emplace_back();
+  s.fid = f.id;
+  s.width = f.fixed_width();
+  s.packable = packable;
+  s.bitmap_ok = compact_;
+  return s;
+}
+
 bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, uint32_t len, bool tomb) {
   const uint32_t width = f.fixed_width();
   const bool new_seg = segs_.empty() || segs_.back().fid != f.id;
@@ -88,13 +98,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   if (after > page_size_) return false;
 
   if (new_seg) {
-    if (!segs_.empty()) closed_bytes_ += segs_.back().BodyBytes();
-    segs_.emplace_back();
-    Seg& s = segs_.back();
-    s.fid = f.id;
-    s.width = width;
-    s.packable = packable;
-    s.bitmap_ok = compact_;
+    Seg& s = OpenSegment(f, packable);
     s.vmin = s.vmax = v;
     s.varint_bytes = 1;  // first delta (0) is one byte
     if (!width) s.offsets.push_back(0);
@@ -176,15 +180,7 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     k++;
   }
   if (k == 0) return 0;
-  if (new_seg) {
-    if (!segs_.empty()) closed_bytes_ += segs_.back().BodyBytes();
-    segs_.emplace_back();
-    Seg& s = segs_.back();
-    s.fid = f.id;
-    s.width = width;
-    s.packable = packable;
-    s.bitmap_ok = compact_;
-  }
+  if (new_seg) OpenSegment(f, packable);
   Seg& s = segs_.back();
   s.run = run;
   s.varint_bytes = varint;

@@ -144,6 +144,8 @@ class PageBuilder {
     uint64_t item_bytes = 0;
     uint32_t BodyBytes() const;
   };
+  // Closes the open segment (its bytes join closed_bytes_) and starts an empty one for f.
+  Seg& OpenSegment(const FeatureDef& f, bool packable);
   // pack: bytes per packed value (0 = plain).
   static uint32_t SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
                            uint64_t value_bytes, uint32_t pack = 0);

@@ -841,13 +841,9 @@ class Bench:
                 log(f"latency round {k}: {meth}, RM1 batch {b}")
                 raw = self.run_method(meth, m, [tr], time_budget=cfg["latency_seconds"], min_batches=2)
                 rec[meth] = self.point_record(raw, raw["points"][0], m, b, m.shape.lookups)
-            target = m.flat
-            size = os.path.getsize(target) // 4096 * 4096
-            f = {q: fio_randread(target, size, 512, d, cfg["fio_runtime"], dev)
-                 for q, d in (("rand512_qd1", 1), ("rand512_qd128", 128), ("rand512_qd256", 256))}
+            f = self.fio_extra(f"latency round {k}", qd1=True)
             u, v = rec["io_unbuf"]["latency_ms"]["mean"], rec["recflash_vector"]["latency_ms"]["mean"]
-            deep = max(f["rand512_qd128"].get("iops") or 0, f["rand512_qd256"].get("iops") or 0)
-            q1 = f["rand512_qd1"].get("iops") or 0
+            deep, q1 = f["limit_iops"], f["rand512_qd1"].get("iops") or 0
             rounds.append({"order": order, **rec, "fio": f, "ratio": u / v if u and v else None,
                            "device_qd_ratio": deep / q1 if deep and q1 else None,
                            "clean": all(r.get("clean", True) for r in rec.values())})

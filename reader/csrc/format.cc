@@ -151,8 +151,9 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     vmax = s.vmax;
   }
   // Size of the segment with cnt items (SegBytes for a tombstone-free fixed-width segment),
-  // inline: this loop runs once per item of a bulk load. Compact pages add a key bitmap
-  // choice and the packed width, which follows the running value range.
+  // inline: this loop runs once per item of a bulk load (calling SegBytes here measured 0.5 of
+  // 4.3 CPU s slower on a 486 MB Criteo import). Compact pages add a key bitmap choice and the
+  // packed width, which follows the running value range.
   const uint32_t fixed = base + sizeof(SegDesc) + kSegBodyHeader + (ValueAlign(width) - 1);
   size_t k = 0;
   while (k < n) {

@@ -48,9 +48,12 @@ class EmbeddingStore:
 
     def __init__(self, store: Store):
         self.store = store
-        self.store.create_feature(_CATALOG, "binary")
         self._tables: Dict[str, TableInfo] = {}
         self._engines = weakref.WeakSet()  # SLS engines whose caches must follow updates
+        if _CATALOG not in self.store.features():
+            if self.store.read_only:
+                return  # a read-only handle of a store that has no tables yet
+            self.store.create_feature(_CATALOG, "binary")
         cat = self.store.scan(_CATALOG)
         for v in cat.column("value").to_pylist():
             d = json.loads(v)

@@ -279,7 +279,7 @@ def child_main(cfg: dict) -> None:
 
     from recflash.ndp.traces import model_shape
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(cfg.get("threads", 1))
     out: dict = {"model": cfg.get("model"), "method": cfg["method"], "points": []}
     t_setup = time.perf_counter()
     if cfg["method"] == "baseline":
@@ -497,6 +497,8 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default="zipf,uniform")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per point (at least --min-batches)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per child (1: OpenMP spinning on a shared 2-core machine costs more than it gives)")
     ap.add_argument("--work", default=None, help="working directory (default /tmp/recflash-inference)")
     ap.add_argument("--keep", action="store_true", help="keep the working directory (tables, store)")
     ap.add_argument("--json", default=str(HERE / "results" / "inference.json"))
@@ -530,7 +532,7 @@ def main(argv=None) -> int:
     seconds = args.seconds if args.seconds is not None else (1.0 if quick else 4.0)
     work = Path(args.work or "/tmp/recflash-inference") / f"run-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
-    res = {"started": time.time(), "quick": quick, "scale": scale, "budget_frac": args.dram_budget_frac,
+    res = {"started": time.time(), "quick": quick, "threads": args.threads, "scale": scale, "budget_frac": args.dram_budget_frac,
            "models": {}, "runs": [], "loadavg": {"start": loadavg()}, "errors": [], "cpus": os.cpu_count()}
     try:
         shapes = {m: model_shape(m, scale) for m in models}
@@ -560,7 +562,8 @@ def main(argv=None) -> int:
                 cfg = {"model": m, "scale": scale, "method": meth, "model_dir": res["models"][m]["dir"],
                        "store": res["models"][m]["store"], "work": str(work), "budget_bytes": budget,
                        "traces": traces, "batches": batches, "seconds": seconds, "min_batches": 3,
-                       "max_batches": 12 if quick else 200, "warmup": 2 if quick else 4}
+                       "max_batches": 12 if quick else 200, "warmup": 2 if quick else 4,
+                       "threads": args.threads}
                 limit = None if meth == "dram" else budget + baseline
                 log(f"{m} {meth}: child in a memory cgroup"
                     + (f" limited to {limit / 2**20:,.0f} MiB (budget {budget / 2**20:,.0f} MiB + baseline)"

@@ -289,3 +289,46 @@ def test_read_only_shared_store_refuses_updates_clearly(tmp_path):
     b = open_backend(path, rank=0, world_size=2)  # a plain path shared by two ranks: read-only
     with pytest.raises(RecflashError, match="open read-only"):
         b.update_rows("user", [1], np.zeros((1, 16), np.float32))
+
+
+def test_sharder_with_a_device_server_address(tmp_path):
+    """The same plan against the NDP device server: equal outputs, updates through the server."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    try:
+        from recflash.ndp import DeviceClient  # noqa: F401
+    except (ImportError, AttributeError):
+        pytest.skip("this build has no NDP device server")
+    ref, path = _exported(tmp_path)
+    d = tmp_path / "ndp"
+    d.mkdir(mode=0o700)
+    sock = d / "server.sock"
+    exe = shutil.which("recflash", path=os.path.dirname(sys.executable)) or shutil.which("recflash")
+    p = subprocess.Popen([exe, "ndp", "serve", "--store", path, "--listen", f"unix:{sock}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):
+            if sock.exists() or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert sock.exists(), p.stderr.read() if p.poll() is not None else "no socket"
+        dmp, _ = _sharded(f"unix:{sock}", load_from=ref, row_cache_bytes=1 << 20)
+        kjt = tu.make_kjt(32, 9)
+        got, exp = tu.forward_dict(dmp, kjt), tu.forward_dict(ref, kjt)
+        for k in exp:
+            np.testing.assert_allclose(got[k], exp[k], atol=TOL, rtol=0, err_msg=k)
+        ids = torch.unique(kjt["item_id"].values())[:5]
+        new = torch.randn(len(ids), 8)
+        update_rows(dmp, "item", ids, new)
+        with torch.no_grad():
+            ref.embedding_bags["item"].weight[ids] = new
+        got, exp = tu.forward_dict(dmp, kjt), tu.forward_dict(ref, kjt)
+        for k in exp:
+            np.testing.assert_allclose(got[k], exp[k], atol=TOL, rtol=0, err_msg=k)
+    finally:
+        close_backends()
+        p.terminate()
+        p.wait(timeout=60)

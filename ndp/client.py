@@ -82,7 +82,9 @@ class DeviceClient:
         self._tables: Optional[Dict[str, TableInfo]] = None
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         opts = [("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes)]
+                ("grpc.max_send_message_length", max_message_bytes),
+                # a batch's ids arrive in one stream window instead of 64 KiB flow-control steps
+                ("grpc.http2.lookahead_bytes", 16 << 20), ("grpc.http2.max_frame_size", (16 << 20) - 1)]
         if tls_ca:
             with open(tls_ca, "rb") as f:
                 creds = grpc.ssl_channel_credentials(root_certificates=f.read())

@@ -161,7 +161,7 @@ class NdpDevice:
 
     def __init__(self, store_path: str, *, vector_grained: bool = True, row_cache_bytes: int = 0,
                  hot_rows_bytes: int = 0, pooled_cache_bytes: int = 0, pooled_min_bag: int = 8,
-                 device_cache_bytes: int = 0):
+                 device_cache_bytes: int = 0, verify_tables: bool = True):
         if not os.path.isdir(store_path):
             raise ServerConfigError(f"no store at '{store_path}' (serve an existing store; create its tables with "
                                     f"recflash.ndp.EmbeddingStore)")
@@ -176,6 +176,10 @@ class NdpDevice:
         except BaseException:
             self.store.close()
             raise
+        self.verified_pages = 0
+        if verify_tables:  # warm-up: take each packed page's block checksums now, not on first lookups
+            for name in self.tables.tables():
+                self.verified_pages += self.tables.verify_table(name)
         self.models: Dict[str, object] = {}
         self._write_lock = threading.Lock()  # the only writer of the store: one update at a time
         self._closed = False
@@ -486,7 +490,9 @@ class NdpServer:
         self._stopped = threading.Event()
         opts = [("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
-                ("grpc.so_reuseport", 0)]
+                ("grpc.so_reuseport", 0),
+                # a batch's ids arrive in one stream window instead of 64 KiB flow-control steps
+                ("grpc.http2.lookahead_bytes", 16 << 20), ("grpc.http2.max_frame_size", (16 << 20) - 1)]
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ndp"),
                                    interceptors=[_TokenAuth(self._tokens)] if self._tokens else [], options=opts)
         self.servicer = _Servicer(self.device, self)

@@ -6,18 +6,15 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_ndp_device_benchmark_quick(tmp_path):
     out, png = tmp_path / "ndp.json", tmp_path / "ndp.png"
-    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ndp_device.py"), "--quick", "--json",
                            str(out), "--plot", str(png), "--dir", str(tmp_path / "data")],
                           cwd=str(tmp_path), capture_output=True, text=True, timeout=400)
-    took = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["errors"] == [], doc["errors"]
@@ -49,4 +46,3 @@ def test_ndp_device_benchmark_quick(tmp_path):
     assert set(doc["targets"]) == {"pipelined_forward_vs_inprocess_b64", "sls_boundary_p50_added_ms_b64",
                                    "whole_model_traffic_reduction_rm1", "concurrency_errors_mismatches"}
     assert doc["boundary"]["noop_rpc_p50_ms"] > 0
-    assert took < 300, f"--quick took {took:.0f} s"

@@ -147,11 +147,14 @@ class DlrmDense:
     def forward_pooled(self, dense, pooled: Sequence):
         """Logits [B, 1] from dense features and the pooled [B, dim] embedding of each feature
         (torchrec's feature order)."""
+        self._check(dense, self.dense_in, "dense features")
+        return self.interact_top(self.bottom(dense), pooled)
+
+    def interact_top(self, embedded_dense, pooled: Sequence):
+        """Logits from the bottom MLP's output and the pooled embeddings: interaction + top MLP."""
         import torch
 
-        self._check(dense, self.dense_in, "dense features")
         with torch.inference_mode():
-            embedded_dense = self.module.dense_arch(dense)
             sparse = torch.stack([torch.as_tensor(p) for p in pooled], dim=1)  # [B, F, D]
             x = self.module.inter_arch(dense_features=embedded_dense, sparse_features=sparse)
             return self.module.over_arch(x)

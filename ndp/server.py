@@ -161,7 +161,7 @@ class NdpDevice:
 
     def __init__(self, store_path: str, *, vector_grained: bool = True, row_cache_bytes: int = 0,
                  hot_rows_bytes: int = 0, pooled_cache_bytes: int = 0, pooled_min_bag: int = 8,
-                 device_cache_bytes: int = 0, verify_tables: bool = True):
+                 device_cache_bytes: int = 0, verify_tables: bool = True, dense_threads: int = 8):
         if not os.path.isdir(store_path):
             raise ServerConfigError(f"no store at '{store_path}' (serve an existing store; create its tables with "
                                     f"recflash.ndp.EmbeddingStore)")
@@ -173,14 +173,15 @@ class NdpDevice:
                                        hot_rows_bytes=hot_rows_bytes, pooled_cache_bytes=pooled_cache_bytes,
                                        pooled_min_bag=pooled_min_bag, device_cache_bytes=device_cache_bytes)
             self.engine = SlsEngine(self.tables, **self.engine_options)
+            self.verified_pages = 0
+            if verify_tables:  # warm-up: take each packed page's block checksums now, not on first lookups
+                for name in self.tables.tables():
+                    self.verified_pages += self.tables.verify_table(name)
         except BaseException:
             self.store.close()
             raise
-        self.verified_pages = 0
-        if verify_tables:  # warm-up: take each packed page's block checksums now, not on first lookups
-            for name in self.tables.tables():
-                self.verified_pages += self.tables.verify_table(name)
         self.models: Dict[str, object] = {}
+        self._dense_pool = futures.ThreadPoolExecutor(max_workers=dense_threads, thread_name_prefix="ndp-dense")
         self._write_lock = threading.Lock()  # the only writer of the store: one update at a time
         self._closed = False
 
@@ -258,14 +259,20 @@ class NdpDevice:
             offsets = np.concatenate([[0], np.cumsum(lengths[i])])
             requests.append(SlsRequest(table, values[starts[i]:starts[i + 1]], offsets, pooling,
                                        include_last_offset=True))
-        pooled = self.engine.sls(requests)
-        stats = self.engine.last_stats
-        scores = m.forward_pooled(torch.from_numpy(np.array(dense, dtype=np.float32)), pooled)
-        return scores.numpy(), stats
+        # RM-SSD runs the bottom MLP beside the embedding lookups: torch and the engine's ring
+        # pass both run without the GIL, so the MLP computes while the rows are read.
+        bottom = self._dense_pool.submit(m.bottom, torch.from_numpy(np.array(dense, dtype=np.float32)))
+        try:
+            pooled = self.engine.sls(requests)
+            stats = self.engine.last_stats
+        finally:
+            embedded_dense = bottom.result()
+        return m.interact_top(embedded_dense, pooled).numpy(), stats
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._dense_pool.shutdown(wait=True)
             with self._write_lock:
                 self.store.close()
 
@@ -482,7 +489,7 @@ class NdpServer:
                 _private_dir(os.path.dirname(host))
         if threads < 1:
             raise ServerConfigError(f"threads must be >= 1, got {threads}")
-        self.device = NdpDevice(store_path, **engine_options)
+        self.device = NdpDevice(store_path, dense_threads=threads, **engine_options)
         self.max_message_bytes = int(max_message_bytes)
         self._in_flight = 0
         self._flight_lock = threading.Lock()

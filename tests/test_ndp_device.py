@@ -290,3 +290,44 @@ def test_client_disconnect_mid_request_does_not_disturb_server(server):
         idx, off = _bags(rng, 5000, 8, 5)
         np.testing.assert_allclose(c.sls([SlsRequest("a", idx, off)])[0], _reference(weights["a"], idx, off),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_sigterm_lets_in_flight_requests_finish_and_status_command(store):
+    path, weights = store
+    sock = socket_dir()
+    srv = ServerProcess(path, "--listen", f"unix:{sock}/ndp.sock")
+    try:
+        exe = os.path.join(os.path.dirname(sys.executable), "recflash")
+        import json
+        import subprocess
+
+        with DeviceClient(srv.address, timeout=TIMEOUT).wait_ready(TIMEOUT) as c:
+            c.read_rows("a", [0])
+            out = subprocess.run([exe, "ndp", "status", srv.address, "--json"], capture_output=True, text=True,
+                                 timeout=120)
+            assert out.returncode == 0, out.stderr
+            st = json.loads(out.stdout)
+            assert st["protocol"] == "recflash.ndp.v1" and st["tables"]["a"]["num_rows"] == 5000
+            assert st["traffic"]["ReadRows"]["calls"] == 1 and st["traffic"]["ReadRows"]["bytes_to_host"] > 128
+            rng = np.random.default_rng(9)
+            batches = [_bags(rng, 5000, 256, 64) for _ in range(40)]
+            futs = [c.submit_sls([SlsRequest("a", i, o)]) for i, o in batches]
+            srv.proc.send_signal(signal.SIGTERM)
+            answered = 0
+            for f, (i, o) in zip(futs, batches):
+                try:
+                    got = f.result(timeout=TIMEOUT)
+                except DeviceUnavailableError:  # arrived after the server stopped taking requests
+                    continue
+                np.testing.assert_allclose(got[0], _reference(weights["a"], i, o), rtol=1e-5, atol=1e-4)
+                answered += 1
+            assert answered >= 1
+        assert srv.proc.wait(TIMEOUT) == 0
+        assert "store closed" in srv.proc.stderr.read()
+        bad = subprocess.run([exe, "ndp", "status", srv.address, "--timeout", "3"], capture_output=True, text=True,
+                             timeout=120)
+        assert bad.returncode != 0 and "UNAVAILABLE" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+        shutil.rmtree(sock, ignore_errors=True)

@@ -86,6 +86,10 @@ def test_sls_equals_in_process_engine(client, store, mode):
     np.testing.assert_allclose(out[0], _reference(weights["a"], ia, oa, mode), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[1], _reference(weights["b"], ib, ob, mode), rtol=1e-5, atol=1e-5)
     assert c.last_stats["lookups"] == len(ia) + len(ib)
+    with Store.open(store[0], read_only=True) as ro:  # the embedded engine on the same store
+        local = SlsEngine(EmbeddingStore(ro)).sls(reqs)
+    for got, want in zip(out, local):
+        np.testing.assert_array_equal(got, want)
     assert c.last_stats["gather"]["device_bytes"] > 0
     # torch in, torch out; per-sample weights; include_last_offset
     psw = rng.random(len(ia)).astype(np.float32)

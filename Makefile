@@ -28,7 +28,7 @@ REQ_STAMP    := $(VENV)/.recflash-requirements.sha256
 PYTEST_ARGS  ?=
 DEMO_ARGS    ?=
 
-.PHONY: help setup system-deps python-deps build test demo clean
+.PHONY: help setup system-deps python-deps build proto test demo clean
 
 help:
 	@sed -n '3,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -75,6 +75,11 @@ python-deps: $(VPY)
 build:
 	@test -x $(PIP) || { echo "no $(VENV): run 'make setup' first" >&2; exit 1; }
 	$(PIP) install --no-build-isolation --no-deps .
+
+# Regenerates the NDP device protocol's Python code (committed; tests/test_ndp_device.py checks
+# that it matches ndp/proto/ndp.proto).
+proto:
+	$(VPY) -P ndp/proto/generate.py
 
 # The venv's pytest executable, not `python -m pytest`: `-m` puts the cwd on sys.path and the
 # repo-root folder recflash/ would shadow the installed package.

@@ -443,9 +443,10 @@ def log_child(msg: str) -> None:
 def start_device_server(store: str, work: Path, sls: dict):
     sock = work / "ndp" / "server.sock"
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    cmd = [shutil.which("recflash") or "recflash", "ndp", "serve", "--store", store, "--listen", f"unix:{sock}"]
-    for k, v in sls.items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    exe = shutil.which("recflash", path=os.path.dirname(sys.executable)) or shutil.which("recflash") or "recflash"
+    cmd = [exe, "ndp", "serve", "--store", store, "--listen", f"unix:{sock}"]
+    for k, v in sls.items():  # the server's cache options are in MB
+        cmd += [f"--{k.replace('_bytes', '_mb').replace('_', '-')}", str(v / 2**20)]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         if sock.exists():

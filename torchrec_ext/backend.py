@@ -73,6 +73,7 @@ class EmbeddedBackend:
         self.path = path
         self.writable = writable
         self.store = Store.open(path, read_only=not writable)
+        self._sls_options = dict(sls_options)
         try:
             self.tables_ = EmbeddingStore(self.store)
             self.engine = SlsEngine(self.tables_, **sls_options)
@@ -100,16 +101,29 @@ class EmbeddedBackend:
         with self._mu:
             return self.tables_.read_rows(table, ids)
 
+    def load_table(self, table: str, weight) -> None:
+        """Every row of `table` at once (a checkpoint load): bulk load + compaction into the packed
+        layout, then fresh caches."""
+        from recflash.ndp import SlsEngine
+
+        self._check_writable(table)
+        with self._mu:
+            self.tables_.load_table(table, weight, progress=False)
+            self.engine = SlsEngine(self.tables_, **self._sls_options)  # no cached row survives
+
     def update_rows(self, table: str, ids, rows) -> None:
+        self._check_writable(table)
+        with self._mu:
+            self.tables_.update_rows(table, ids, rows)
+            self.store.sync()
+
+    def _check_writable(self, table: str) -> None:
         if not self.writable:
             raise RecflashError(
                 f"cannot update table '{table}': the store '{self.path}' is open read-only in this "
                 f"process (a plain store path shared by several ranks is opened read-only by each "
                 f"of them). Use a store per rank ('{{rank}}' in the path), a device "
                 f"server (the only writer), or writable=True when one process serves the store")
-        with self._mu:
-            self.tables_.update_rows(table, ids, rows)
-            self.store.sync()
 
     def cache_stats(self) -> dict:
         return self.engine.cache_stats()

@@ -234,7 +234,10 @@ class ShardedSsdEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
 
 def _write_table_rows(backend, table: str, weight: torch.Tensor, chunk: int = 1 << 18) -> None:
-    n = weight.shape[0]
+    if hasattr(backend, "load_table"):  # embedded: bulk load into the packed layout
+        backend.load_table(table, weight.detach().to(torch.float32))
+        return
+    n = weight.shape[0]  # a device server: row updates in chunks
     for a in range(0, n, chunk):
         z = min(n, a + chunk)
         backend.update_rows(table, torch.arange(a, z), weight[a:z].detach().to(torch.float32))

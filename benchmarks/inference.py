@@ -121,6 +121,14 @@ def make_inputs(shape, batch: int, num_batches: int, trace: str, seed: int):
     return out
 
 
+def input_stream(shape, batch: int, trace: str, seed: int, group: int = 4):
+    """Endless (dense, KJT) batches, made `group` at a time (each group from its own seed)."""
+    g = 0
+    while True:
+        yield from make_inputs(shape, batch, group, trace, seed=seed * 100_003 + g)
+        g += 1
+
+
 # -- system helpers ---------------------------------------------------------------------------
 
 def diskstats_of(path: str):
@@ -366,18 +374,20 @@ def child_main(cfg: dict) -> None:
     for trace in cfg["traces"]:
         for batch in cfg["batches"]:
             nb = cfg["max_batches"]
-            inputs = make_inputs(shape, batch, nb + cfg["warmup"], trace, seed=17)
+            # generated a few batches at a time: a whole point's ids would take hundreds of MB
+            inputs = input_stream(shape, batch, trace, seed=17)
             key = f"{trace}_{batch}"
             with torch.no_grad():
                 lat = []
                 stats0 = backend.cache_stats() if backend is not None else None
-                for i, (dense, kjt) in enumerate(inputs[:cfg["warmup"]]):
-                    run(dense, kjt)
+                for _ in range(cfg["warmup"]):
+                    run(*next(inputs))
                 d0 = diskstats_of(cfg["store"])
                 t_point = time.perf_counter()
                 first = None
                 hits0 = _hits(backend)
-                for dense, kjt in inputs[cfg["warmup"]:]:
+                for _ in range(nb):
+                    dense, kjt = next(inputs)
                     t = time.perf_counter()
                     y = run(dense, kjt)
                     lat.append(time.perf_counter() - t)
@@ -557,7 +567,7 @@ def main(argv=None) -> int:
             log(f"{m}: {s.num_tables} tables x {s.num_rows:,} rows x dim {s.dim} ({s.total_bytes / 2**20:,.0f} MiB), "
                 f"{s.lookups} lookups per bag: writing the flat files and the store")
             res["models"][m] = dict(num_tables=s.num_tables, num_rows=s.num_rows, dim=s.dim, lookups=s.lookups,
-                                    table_bytes=s.total_bytes, mlp=MLPS[m], **prepare_model(s, work, not quick))
+                                    table_bytes=s.total_bytes, mlp=MLPS[m], **prepare_model(s, work, not quick and sys.stdout.isatty()))
         total_bytes = sum(s.total_bytes for s in shapes.values())
         # the device: 512 B random reads at QD128 over a fully written flat file (no holes)
         first = shapes[models[0]]
@@ -584,9 +594,11 @@ def main(argv=None) -> int:
                        "threads": args.threads}
                 if meth == "dram" and not baseline:
                     cfg["measure_baseline"] = True
-                limit = None if meth == "dram" else budget + baseline
+                # recflash-device: two processes share the cgroup (client and server), two baselines
+                limit = None if meth == "dram" else budget + baseline * (2 if meth == "recflash-device" else 1)
                 log(f"{m} {meth}: child in a memory cgroup"
-                    + (f" limited to {limit / 2**20:,.0f} MiB (budget {budget / 2**20:,.0f} MiB + baseline)"
+                    + (f" limited to {limit / 2**20:,.0f} MiB (budget {budget / 2**20:,.0f} MiB + process baseline"
+                       f"{' x 2' if meth == 'recflash-device' else ''})"
                        if limit else " without a limit (the reference)"))
                 r = run_child(args, cfg, limit, f"{m}-{meth}".replace("+", "_"))
                 if cfg.get("measure_baseline"):

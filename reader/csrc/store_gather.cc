@@ -42,7 +42,7 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
 
 BlockSums* Store::LoadedBlockSums() {
   if (!o_.verify_block_reads || !block_sums_) return nullptr;
-  std::call_once(block_sums_loaded_, [this] { block_sums_->Load(path_ + "/BLOCKSUMS"); });
+  std::call_once(block_sums_loaded_, [this] { block_sums_->Load(StoreFileName(path_, FileKind::kBlockSums)); });
   return block_sums_.get();
 }
 
@@ -104,7 +104,7 @@ Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector
         };
         if (f->index.deferred()) {  // the one segment whose key range holds the row (checked on read)
           deferred[r] = 1;
-          loc[i] = DeferredPage(*current_, def.id, q.ids[i]);
+          loc[i] = versions_.current()->DeferredPage(def.id, q.ids[i]);
           if (loc[i] == UINT32_MAX) return not_stored(q.ids[i]);
           continue;
         }
@@ -114,10 +114,9 @@ Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector
         loc[i] = f->index.loc(static_cast<size_t>(pos));
       }
     }
-    v = current_;
-    readers_.insert(v->number);
+    v = versions_.RegisterLocked();
   }
-  ReaderGuard guard(this, v->number);
+  VersionSet::Reader guard(&versions_, v->number);
   BlockSums* sums = vector_grained ? LoadedBlockSums() : nullptr;
 
   // Rows still to arrive per request; a request is handed to `done` when its count reaches 0.
@@ -347,10 +346,9 @@ Status Store::VerifyRows(const std::string& name, uint64_t* pages_read) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
-    v = current_;
-    readers_.insert(v->number);
+    v = versions_.RegisterLocked();
   }
-  ReaderGuard guard(this, v->number);
+  VersionSet::Reader guard(&versions_, v->number);
   if (def.id >= v->features.size() || !v->features[def.id]) return Status::OK();
   std::vector<uint32_t> pids;
   for (const PageRef& ref : *v->features[def.id])

@@ -117,8 +117,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
-    v = current_;
-    readers_.insert(v->number);
+    v = versions_.RegisterLocked();
     for (size_t i = 0; i < nf; i++) {
       if (FeatureBuffer* fb = buffer_.find(defs[i].id)) fb->CopyRange(lo, hi, &buf[i]);
       if (index_ahead_ || o_.accounting || defs[i].id >= v->features.size() || !v->features[defs[i].id]) continue;
@@ -133,8 +132,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
       indexed[i] = 1;
     }
   }
-  ReaderGuard guard(this, v->number);
-  const uint32_t ps = o_.page_size;
+  VersionSet::Reader guard(&versions_, v->number);
   if (lo >= hi && !to_end) hi = lo;  // empty range
 
   // Pages per feature overlapping [lo, hi); a page shared by several features is read once.
@@ -565,7 +563,6 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
   RF_RETURN_IF_ERROR(LoadIndex(FeatureStateFor(def.id)));
   const uint32_t w = def.fixed_width();
-  const uint32_t ps = o_.page_size;
   // Unique requested keys, ascending.
   std::vector<uint64_t> uk(keys, keys + n);
   std::sort(uk.begin(), uk.end());
@@ -588,8 +585,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
-    v = current_;
-    readers_.insert(v->number);
+    v = versions_.RegisterLocked();
     if (FeatureBuffer* fb = buffer_.find(def.id)) {
       fb->Normalize();
       const BufferedItems& b = fb->items();
@@ -611,7 +607,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
     for (size_t i = 0; i < uk.size(); i++) {
       if (best[i].src == 1) continue;
       if (deferred) {  // the one segment whose key range holds the key, if any (see KeyIndex)
-        const uint32_t pid = DeferredPage(*v, def.id, uk[i]);
+        const uint32_t pid = v->DeferredPage(def.id, uk[i]);
         if (pid != UINT32_MAX) want[pid].push_back(static_cast<uint32_t>(i));
         continue;
       }
@@ -622,7 +618,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
       want[loc].push_back(static_cast<uint32_t>(i));
     }
   }
-  ReaderGuard guard(this, v->number);
+  VersionSet::Reader guard(&versions_, v->number);
   std::vector<uint32_t> pids;
   for (const auto& [p, ks] : want) pids.push_back(p);
   std::sort(pids.begin(), pids.end());
@@ -701,7 +697,7 @@ Status Store::KeyRanges(const std::string& name, std::vector<PageRef>* out) {
   std::shared_ptr<const Version> v;
   {
     std::lock_guard<std::mutex> l(mu_);
-    v = current_;
+    v = versions_.current();
   }
   out->clear();
   if (def.id < v->features.size() && v->features[def.id]) *out = *v->features[def.id];  // sorted by min_key

@@ -202,11 +202,10 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   index_lock.unlock();
   RF_RETURN_IF_ERROR(CommitLocked(dirty, freed));
   {
-    auto v = BuildVersion(current_->number + 1);
+    auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
     std::lock_guard<std::mutex> l(mu_);
-    current_ = v;
+    versions_.InstallLocked(v, freed);
     index_ahead_ = false;
-    for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
   }
   if (merge) {
     auto& st = merger_.stats();

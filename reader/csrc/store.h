@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "reader/csrc/block_sums.h"
+#include "reader/csrc/column.h"
 #include "reader/csrc/format.h"
 #include "reader/csrc/io_ring.h"
 #include "reader/csrc/merger.h"
@@ -109,36 +110,6 @@ struct ReadStats {
   double encoded_bytes = 0;
   uint64_t items = 0;
   double seconds = 0;
-};
-
-// Allocator for read results: large buffers are 2 MiB aligned and advised for transparent
-// huge pages, so filling a multi-GB scan result costs few page faults.
-template <typename T>
-struct HugeAlloc {
-  using value_type = T;
-  HugeAlloc() = default;
-  template <typename U>
-  HugeAlloc(const HugeAlloc<U>&) {}
-  T* allocate(size_t n);
-  void deallocate(T* p, size_t) { std::free(p); }
-  template <typename U>
-  bool operator==(const HugeAlloc<U>&) const { return true; }
-};
-void* HugeAllocate(size_t bytes);
-template <typename T>
-T* HugeAlloc<T>::allocate(size_t n) {
-  return static_cast<T*>(HugeAllocate(n * sizeof(T)));
-}
-template <typename T>
-using HVec = std::vector<T, HugeAlloc<T>>;
-
-// Result of a read for one feature. Values of fixed-width types are packed; variable-width
-// ones are delimited by element offsets (Arrow list/binary offsets).
-struct ColumnData {
-  HVec<uint64_t> keys;
-  HVec<uint8_t> values;
-  std::vector<int32_t> offsets;  // variable-width types: size n + 1, in elements
-  std::vector<uint8_t> found;    // get(): 1 where the key has a value
 };
 
 // What a row gather did (see Store::GatherRows).
@@ -237,6 +208,8 @@ class Store {
     const BufferedItems* items;
     uint64_t bytes;  // logical bytes (8 + value per item)
   };
+
+  class Gather;  // one GatherRowsMany call (store_gather.cc)
 
   explicit Store(const StoreOptions& o);
   Status OpenImpl(const std::string& path);

@@ -316,6 +316,9 @@ Status Store::ExplainReadFailure(const Status& s) {
   return s;
 }
 
+// About 150 lines on purpose: deciding which features stay deferred, reading the other
+// features' pages, resolving the newest version per key and retiring emptied segments form one
+// pass over the same per-feature record lists; recovery reads best as one sequence.
 Status Store::RebuildFromPages() {
   struct R {
     uint64_t key;

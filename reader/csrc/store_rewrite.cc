@@ -69,6 +69,10 @@ Status Store::MaintainLocked() {
   return Status::OK();
 }
 
+// About 150 lines on purpose: its phases (collect the valid records from pages or, in
+// accounting mode, from the key index; drop covered tombstones; write; commit; install) all
+// work on one set of moved records, their value arena and the map of source pages, and the
+// crash ordering (pages durable -> metadata commit -> install -> release) reads top to bottom.
 Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   const uint32_t ps = o_.page_size;
   std::map<uint32_t, std::vector<uint32_t>> want;  // page -> features to move out of it

@@ -45,6 +45,7 @@ from ray.data.collate_fn import ArrowBatchCollateFn
 from ray.data.datasource import Datasource, ReadTask
 
 from recflash.reader import Store, StoreOptions
+from recflash.reader.store import parse_value_type
 from recflash.reader.errors import InvalidArgumentError, StaleSnapshotError
 
 KEY = "key"
@@ -65,8 +66,11 @@ def _arrow_type(type_str: str) -> pa.DataType:
         return pa.list_(pa.int64())
     if type_str == "list<float32>":
         return pa.list_(pa.float32())
-    if type_str.startswith("fixed_size_list<float32,"):
-        return pa.list_(pa.float32(), int(type_str.split(",")[1].rstrip("> ")))
+    canonical, dim = parse_value_type(type_str)
+    if dim:
+        return pa.list_(pa.float32(), dim)
+    if canonical != "binary":
+        raise InvalidArgumentError(f"no Arrow type for the store type {type_str!r}")
     return pa.binary()
 
 

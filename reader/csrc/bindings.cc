@@ -3,6 +3,8 @@
 // Only the store is bound here; ingest/csrc and ndp/csrc bind their own code.
 #include "reader/csrc/py_bindings.h"
 
+#include "reader/csrc/filename.h"
+
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -11,13 +13,13 @@
 namespace recflash::bind {
 
 void Raise(const Status& s) {
-  static const char* kClass[] = {"RecflashError",      "UnknownFeatureError", "FeatureExistsError",
-                                 "SchemaError",        "InvalidArgumentError", "ValueTooLargeError",
-                                 "NotAStoreError",     "CorruptionError",     "StoreLockedError",
-                                 "StoreClosedError",   "IOError_",            "ReadOnlyError",
-                                 "StaleSnapshotError"};
+  // The class of each code comes from the one list in status.h (Status::Codes); errors.py
+  // checks at import that it defines every class the list names.
+  const char* cls_name = "RecflashError";
+  for (const Status::CodeInfo& c : Status::Codes())
+    if (c.code == static_cast<int>(s.code())) cls_name = c.python_class;
   py::object errors = py::module_::import("recflash.reader.errors");
-  py::object cls = errors.attr(kClass[static_cast<int>(s.code())]);
+  py::object cls = errors.attr(cls_name);
   PyErr_SetString(cls.ptr(), s.message().c_str());
   throw py::error_already_set();
 }
@@ -61,34 +63,71 @@ py::dict GatherStatsDict(const GatherStats& g) {
 
 namespace {
 
+// Every store option Python may set, once: its key and the StoreOptions field it sets. The
+// keys are exported (STORE_OPTION_NAMES) and recflash.reader.StoreOptions is checked against
+// them at import; a key not listed here is refused, never ignored.
+struct OptionField {
+  const char* name;
+  void (*set)(StoreOptions& o, const py::handle& v);
+};
+#define RF_OPTION(key, field) \
+  { key, [](StoreOptions& o, const py::handle& v) { o.field = v.cast<decltype(o.field)>(); } }
+const OptionField kStoreOptions[] = {
+    RF_OPTION("page_size", page_size),
+    RF_OPTION("write_buffer_bytes", write_buffer_bytes),
+    RF_OPTION("direct_io", direct_io),
+    RF_OPTION("accounting", accounting),
+    RF_OPTION("read_only", read_only),
+    RF_OPTION("compact_pages", compact_pages),
+    RF_OPTION("sync_on_write", sync_on_write),
+    RF_OPTION("bulk_load", bulk_load),
+    RF_OPTION("queue_depth", queue_depth),
+    RF_OPTION("max_io_bytes", max_io_bytes),
+    RF_OPTION("verify_block_reads", verify_block_reads),
+    RF_OPTION("pinner_enabled", pinner.enabled),
+    RF_OPTION("pin_budget_frac", pinner.budget_frac),
+    RF_OPTION("pin_threshold_frac", pinner.threshold_frac),
+    RF_OPTION("pin_max_features", pinner.max_features),
+    RF_OPTION("pin_max_flushes", pinner.max_flushes),
+    RF_OPTION("merger_enabled", merger.enabled),
+    RF_OPTION("merge_threshold", merger.threshold),
+    RF_OPTION("merge_low_benefit_frac", merger.low_benefit_frac),
+    RF_OPTION("merge_target_frac", merger.target_frac),
+    RF_OPTION("merge_min_slack_pages", merger.min_slack_pages),
+    RF_OPTION("reclaim_enabled", reclaim.enabled),
+    RF_OPTION("space_amp_limit", reclaim.space_amp_limit),
+    RF_OPTION("space_amp_target", reclaim.space_amp_target),
+};
+#undef RF_OPTION
+
 StoreOptions OptionsFromDict(const py::dict& d) {
   StoreOptions o;
-  auto get = [&](const char* k, auto& field) { GetOpt(d, k, field); };
-  get("page_size", o.page_size);
-  get("write_buffer_bytes", o.write_buffer_bytes);
-  get("direct_io", o.direct_io);
-  get("accounting", o.accounting);
-  get("read_only", o.read_only);
-  get("compact_pages", o.compact_pages);
-  get("sync_on_write", o.sync_on_write);
-  get("bulk_load", o.bulk_load);
-  get("queue_depth", o.queue_depth);
-  get("max_io_bytes", o.max_io_bytes);
-  get("verify_block_reads", o.verify_block_reads);
-  get("pinner_enabled", o.pinner.enabled);
-  get("pin_budget_frac", o.pinner.budget_frac);
-  get("pin_threshold_frac", o.pinner.threshold_frac);
-  get("pin_max_features", o.pinner.max_features);
-  get("pin_max_flushes", o.pinner.max_flushes);
-  get("merger_enabled", o.merger.enabled);
-  get("merge_threshold", o.merger.threshold);
-  get("merge_low_benefit_frac", o.merger.low_benefit_frac);
-  get("merge_target_frac", o.merger.target_frac);
-  get("merge_min_slack_pages", o.merger.min_slack_pages);
-  get("reclaim_enabled", o.reclaim.enabled);
-  get("space_amp_limit", o.reclaim.space_amp_limit);
-  get("space_amp_target", o.reclaim.space_amp_target);
+  for (const auto& [key, value] : d) {
+    const std::string k = py::str(key);
+    const OptionField* f = nullptr;
+    for (const OptionField& x : kStoreOptions)
+      if (k == x.name) f = &x;
+    if (!f) {
+      std::string known;
+      for (const OptionField& x : kStoreOptions) known += (known.empty() ? "" : ", ") + std::string(x.name);
+      Raise(Status::InvalidArgument("unknown store option '" + k + "' (known: " + known + ")"));
+    }
+    try {
+      f->set(o, value);
+    } catch (const py::cast_error&) {
+      Raise(Status::InvalidArgument("store option '" + k + "' cannot be " +
+                                    std::string(py::str(py::type::handle_of(value).attr("__name__"))) + " " +
+                                    std::string(py::repr(value))));
+    }
+  }
   return o;
+}
+
+// parse_value_type(s) -> (canonical type string, dim): the one parser of type strings.
+py::tuple ParseValueTypePy(const std::string& s) {
+  FeatureDef d;
+  Check(ParseValueType(s, &d.type, &d.dim));
+  return py::make_tuple(d.TypeString(), d.dim);
 }
 
 class PyStore {
@@ -320,6 +359,17 @@ void InitReader(py::module_& m) {
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
+  py::list option_names;
+  for (const OptionField& x : kStoreOptions) option_names.append(x.name);
+  m.attr("STORE_OPTION_NAMES") = option_names;
+  m.def("parse_value_type", &ParseValueTypePy, py::arg("type"),
+        "Type string -> (canonical type string, dim); SchemaError for an unknown type");
+  py::list codes;
+  for (const Status::CodeInfo& c : Status::Codes()) codes.append(py::make_tuple(c.code, c.name, c.python_class));
+  m.attr("STATUS_CODES") = codes;
+  py::dict names;
+  for (const auto& [role, name] : StoreFileNames()) names[py::str(role)] = name;
+  m.attr("FILE_NAMES") = names;
   // Test-only: "reverse" delivers each window of io_uring completions in descending request
   // order (see IoRing::CompletionOrder); "arrival" restores the kernel's order.
   m.def("_set_io_completion_order", [](const std::string& order) {

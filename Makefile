@@ -2,7 +2,8 @@
 #
 #   make setup   system packages (apt), .venv with the pinned Python stack, then the package
 #   make test    setup + the C++ unit tests (ctest) + pytest
-#   make demo    setup + examples/demo.py, then a short examples/train_dlrm_ray.py --quick
+#   make demo    setup + examples/demo.py, a short examples/train_dlrm_ray.py --quick, then
+#                examples/dlrm_inference_ssd.py --quick (TorchRec inference with SSD tables)
 #   make build   reinstall the package only (incremental C++ build under build/)
 #   make clean   remove build/ (keeps .venv)
 #
@@ -27,10 +28,10 @@ REQ_STAMP    := $(VENV)/.recflash-requirements.sha256
 PYTEST_ARGS  ?=
 DEMO_ARGS    ?=
 
-.PHONY: help setup system-deps python-deps build cpp-test test demo clean
+.PHONY: help setup system-deps python-deps build proto cpp-test test demo clean
 
 help:
-	@sed -n '3,7p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,8p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: system-deps python-deps build
 
@@ -75,6 +76,11 @@ build:
 	@test -x $(PIP) || { echo "no $(VENV): run 'make setup' first" >&2; exit 1; }
 	$(PIP) install --no-build-isolation --no-deps .
 
+# Regenerates the NDP device protocol's Python code (committed; tests/test_ndp_device.py checks
+# that it matches ndp/proto/ndp.proto).
+proto:
+	$(VPY) -P ndp/proto/generate.py
+
 # The C++ unit tests (tests/cpp, GoogleTest) in their own CMake build without the Python module.
 CPP_TEST_DIR := build/cpp-tests
 cpp-test:
@@ -92,6 +98,7 @@ test: setup cpp-test
 demo: setup
 	$(VPY) examples/demo.py $(DEMO_ARGS)
 	$(VPY) examples/train_dlrm_ray.py --quick
+	$(VPY) examples/dlrm_inference_ssd.py --quick
 
 clean:
 	rm -rf build/

@@ -1,7 +1,8 @@
 """Embedding tables stored in the recflash store.
 
-A table is a ``fixed_size_list<float32, dim>`` feature named ``emb/<table>`` whose keys are
-row ids. ``load_table`` writes it in bulk and compacts it, so rows lie in packed pages in id
+A table is a ``fixed_size_list<float32, W>`` feature named ``emb/<table>`` whose keys are
+row ids; W words hold one row in the table's row format (``float32``: W = dim; ``float16``;
+``int8``: FBGEMM's row-wise layout with a per-row scale and bias — see ``row_format.py``). ``load_table`` writes it in bulk and compacts it, so rows lie in packed pages in id
 order: the SLS engine then computes a row's address instead of looking it up, and reads just
 the device blocks holding it. ``update_rows`` writes new versions while serving; they are
 found through the store's key index (and its write buffer) until the next compaction folds
@@ -18,6 +19,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from recflash.ndp import row_format
 from recflash.reader import Store
 from recflash.reader.errors import InvalidArgumentError, SchemaError, UnknownFeatureError
 
@@ -34,7 +36,13 @@ class TableInfo:
 
     @property
     def row_bytes(self) -> int:
-        return 4 * self.dim
+        """Bytes of one encoded row (float32: 4 x dim; float16: 2 x dim; int8: dim + 4)."""
+        return row_format.row_bytes(self.dtype, self.dim)
+
+    @property
+    def words(self) -> int:
+        """4-byte words a row takes in the store (the feature's fixed width)."""
+        return row_format.row_words(self.dtype, self.dim)
 
 
 def _as_numpy(x, dtype) -> np.ndarray:
@@ -48,9 +56,12 @@ class EmbeddingStore:
 
     def __init__(self, store: Store):
         self.store = store
-        self.store.create_feature(_CATALOG, "binary")
         self._tables: Dict[str, TableInfo] = {}
         self._engines = weakref.WeakSet()  # SLS engines whose caches must follow updates
+        if _CATALOG not in self.store.features():
+            if self.store.read_only:
+                return  # a read-only handle of a store that has no tables yet
+            self.store.create_feature(_CATALOG, "binary")
         cat = self.store.scan(_CATALOG)
         for v in cat.column("value").to_pylist():
             d = json.loads(v)
@@ -71,16 +82,18 @@ class EmbeddingStore:
                                       f"(tables: {', '.join(sorted(self._tables)) or 'none'})") from None
 
     def create_table(self, name: str, num_rows: int, dim: int, dtype: str = "float32") -> TableInfo:
-        if dtype != "float32":
-            raise SchemaError(f"table '{name}': only float32 rows are supported, got {dtype}")
+        """A table of num_rows x dim values; dtype is the row format: float32, float16 or int8."""
+        row_format.check_dtype(dtype, f"table '{name}'")
         if num_rows <= 0 or dim <= 0:
             raise InvalidArgumentError(f"table '{name}': num_rows and dim must be positive, got {num_rows}, {dim}")
         if name in self._tables:
             t = self._tables[name]
-            if (t.num_rows, t.dim) != (num_rows, dim):
-                raise SchemaError(f"table '{name}' exists with {t.num_rows} rows x dim {t.dim}")
+            if (t.num_rows, t.dim, t.dtype) != (num_rows, dim, dtype):
+                raise SchemaError(f"table '{name}' exists with {t.num_rows} rows x dim {t.dim} of {t.dtype}, "
+                                  f"not {num_rows} x {dim} of {dtype}")
             return t
-        self.store.create_feature(self.feature_name(name), f"fixed_size_list<float32, {dim}>")
+        words = row_format.row_words(dtype, dim)
+        self.store.create_feature(self.feature_name(name), f"fixed_size_list<float32, {words}>")
         info = TableInfo(name=name, num_rows=int(num_rows), dim=int(dim), dtype=dtype)
         key = np.array([zlib.crc32(name.encode())], dtype=np.uint64)
         self.store.put(_CATALOG, key, [json.dumps(dataclasses.asdict(info)).encode()])
@@ -89,10 +102,15 @@ class EmbeddingStore:
         return info
 
     def load_table(self, name: str, weights, progress: bool = True, chunk_rows: int = 1 << 18) -> None:
-        """Bulk load (all rows, ids 0..num_rows-1), then compact into the packed layout."""
+        """Bulk load (all rows, ids 0..num_rows-1), then compact into the packed layout.
+
+        ``weights``: float rows [num_rows, dim] (encoded into the table's row format), or for a
+        float16/int8 table its encoded rows as uint8 [num_rows, row_bytes] (stored unchanged)."""
         t = self.info(name)
-        w = _as_numpy(weights, np.float32)
-        if w.shape != (t.num_rows, t.dim):
+        w = weights.detach().cpu().numpy() if hasattr(weights, "detach") else np.asarray(weights)
+        if w.dtype != np.uint8:
+            w = np.ascontiguousarray(w, dtype=np.float32)
+        if w.ndim != 2 or w.shape[0] != t.num_rows or w.shape[1] not in (t.dim, t.row_bytes if w.dtype == np.uint8 else t.dim):
             raise SchemaError(f"table '{name}' is {t.num_rows} x {t.dim}; weights have shape {w.shape}")
         feature = self.feature_name(name)
         bar = None
@@ -105,7 +123,8 @@ class EmbeddingStore:
         try:
             for a in range(0, t.num_rows, chunk_rows):
                 z = min(t.num_rows, a + chunk_rows)
-                self.store.put(feature, np.arange(a, z, dtype=np.uint64), w[a:z])
+                rows = row_format.encode_rows(t.dtype, w[a:z], t.dim, f"table '{name}'")
+                self.store.put(feature, np.arange(a, z, dtype=np.uint64), rows)
                 if bar:
                     bar.advance(task, z - a)
         finally:
@@ -123,13 +142,17 @@ class EmbeddingStore:
         return int(self.store.verify_rows(self.feature_name(name)))
 
     def update_rows(self, name: str, ids, rows) -> None:
-        """New versions of some rows, visible to the next lookup (model update while serving)."""
+        """New versions of some rows, visible to the next lookup (model update while serving).
+
+        Float rows are encoded into the table's row format; a float16/int8 table also takes
+        encoded uint8 rows."""
         t = self.info(name)
         ids = self._check_ids(t, ids)
-        r = _as_numpy(rows, np.float32)
-        if r.shape != (len(ids), t.dim):
+        r = rows.detach().cpu().numpy() if hasattr(rows, "detach") else np.asarray(rows)
+        if r.ndim != 2 or r.shape[0] != len(ids) or (r.dtype != np.uint8 and r.shape[1] != t.dim):
             raise SchemaError(f"table '{name}': {len(ids)} ids need rows of shape ({len(ids)}, {t.dim}), "
                               f"got {r.shape}")
+        r = row_format.encode_rows(t.dtype, r, t.dim, f"table '{name}'")
         self.store.put(self.feature_name(name), ids.astype(np.uint64), r)
         uniq = np.unique(ids)
         for engine in list(self._engines):
@@ -138,14 +161,19 @@ class EmbeddingStore:
     def _register_engine(self, engine) -> None:
         self._engines.add(engine)
 
-    def read_rows(self, name: str, ids, vector_grained: bool = True) -> np.ndarray:
-        """Rows for ids (any order, duplicates allowed) as a [len(ids), dim] float32 array."""
+    def read_rows(self, name: str, ids, vector_grained: bool = True, raw: bool = False) -> np.ndarray:
+        """Rows for ids (any order, duplicates allowed) as a [len(ids), dim] float32 array
+        (float16/int8 rows decoded as the SLS engine pools them; ``raw=True``: the encoded rows
+        as uint8 [len(ids), row_bytes])."""
         t = self.info(name)
         ids = self._check_ids(t, ids)
         uniq, inv = np.unique(ids, return_inverse=True)
         rows, st = self.store.gather_rows(self.feature_name(name), uniq, vector_grained)
         self.last_gather_stats = st
-        return rows[inv]
+        rows = rows[inv]
+        if raw:
+            return row_format.raw_rows(t.dtype, rows, t.dim) if t.dtype != "float32" else rows.view(np.uint8)
+        return row_format.decode_rows(t.dtype, rows, t.dim)
 
     def compact(self, name: Optional[str] = None) -> None:
         """Folds updated rows back into the packed layout."""

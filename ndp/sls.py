@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 from recflash.ndp.embedding import EmbeddingStore, _as_numpy
+from recflash.ndp.row_format import ROW_FORMATS
 from recflash.reader.errors import InvalidArgumentError
 
 
@@ -78,7 +79,11 @@ class SlsEngine:
                 raise InvalidArgumentError(f"sls: row id {bad} out of range for table '{req.table}' "
                                            f"with {info.num_rows} rows")
             w = None if req.per_sample_weights is None else _as_numpy(req.per_sample_weights, np.float32).reshape(-1)
-            native.append((EmbeddingStore.feature_name(req.table), idx, off, w, req.mode == "mean"))
+            if info.dtype == "float32":
+                native.append((EmbeddingStore.feature_name(req.table), idx, off, w, req.mode == "mean"))
+            else:  # the engine decodes float16 / int8 rows as it pools them
+                native.append((EmbeddingStore.feature_name(req.table), idx, off, w, req.mode == "mean",
+                               ROW_FORMATS[info.dtype], info.dim))
             as_torch.append(hasattr(req.indices, "detach"))
         return native, as_torch
 

@@ -23,7 +23,7 @@ using bind::StoreOf;
 
 namespace {
 
-// requests: [(table, indices int64, offsets int64 (B + 1), weights float32 | None, mean)]
+// requests: [(table, indices int64, offsets int64 (B + 1), weights float32 | None, mean[, row format, dim])]
 struct ParsedRequests {
   std::vector<SlsRequest> reqs;
   std::vector<py::object> keep;  // arrays stay alive while the GIL is released
@@ -56,6 +56,10 @@ ParsedRequests ParseSls(Store* store, const py::list& requests) {
     FeatureDef d;
     Check(store->LookupFeature(r.table, &d));
     r.dim = d.type == ValueType::kFixedFloat32 ? d.dim : 0;
+    if (t.size() >= 7) {  // (…, row format, dim): a float16 or int8 table
+      r.format = static_cast<RowFormat>(t[5].cast<int>());
+      r.dim = t[6].cast<uint32_t>();
+    }
     py::array_t<float> out({static_cast<py::ssize_t>(r.num_bags), static_cast<py::ssize_t>(std::max<uint32_t>(r.dim, 1))});
     r.out = out.mutable_data();
     pr.outs.append(out);

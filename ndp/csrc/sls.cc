@@ -12,8 +12,9 @@ namespace {
 Status Validate(const SlsRequest& r, const FeatureDef& def) {
   const std::string where = "sls on table '" + r.table + "'";
   if (def.type != ValueType::kFixedFloat32) return Status::Schema(where + ": the feature is " + def.TypeString() + ", not an embedding table");
-  if (r.dim != def.dim)
-    return Status::InvalidArgument(where + ": rows have dim " + std::to_string(def.dim) + ", the request expects " + std::to_string(r.dim));
+  if (RowWords(r.format, r.dim) != def.dim)
+    return Status::InvalidArgument(where + ": stored rows are " + std::to_string(def.dim) + " words wide, a " + RowFormatName(r.format) +
+                                   " row of dim " + std::to_string(r.dim) + " takes " + std::to_string(RowWords(r.format, r.dim)));
   if (r.offsets[0] != 0) return Status::InvalidArgument(where + ": offsets must start at 0");
   for (size_t b = 0; b < r.num_bags; b++)
     if (r.offsets[b + 1] < r.offsets[b])
@@ -56,7 +57,7 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
     RF_RETURN_IF_ERROR(Prepare(r, &wk));
     wk.gs = GatherStats();
     if (!wk.miss.empty()) {
-      wk.fetched.resize(wk.miss.size() * wk.def.dim);
+      wk.fetched.resize(wk.miss.size() * wk.words);
       GatherRequest g;
       g.feature = r.table;
       g.ids = wk.miss.data();
@@ -75,12 +76,12 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
     RF_RETURN_IF_ERROR(store_->GatherRowsMany(gathers, o_.vector_grained, [&](size_t g) -> Status {
       const size_t k = gather_of[g];
       Work& wk = work_[k];
-      const uint32_t dim = wk.def.dim;
+      const uint32_t words = wk.words;
       for (size_t m = 0; m < wk.miss.size(); m++) {
-        const float* row = wk.fetched.data() + m * dim;
-        std::memcpy(wk.rows.data() + static_cast<size_t>(wk.miss_u[m]) * dim, row, dim * sizeof(float));
+        const float* row = wk.fetched.data() + m * words;
+        std::memcpy(wk.rows.data() + static_cast<size_t>(wk.miss_u[m]) * words, row, words * sizeof(float));
         const uint64_t key = RowKey(wk.def.id, wk.miss[m]);
-        if (rows_.enabled()) rows_.Put(key, row, dim);
+        if (rows_.enabled()) rows_.Put(key, row, words);
         if (wk.dev) wk.dev->Put(key, row);
       }
       Pool(requests[k], &wk);
@@ -107,8 +108,10 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
 }
 
 Status SlsEngine::Prepare(const SlsRequest& r, Work* wk) {
-  const uint32_t dim = wk->def.dim;
+  const uint32_t dim = r.dim;           // pooled width
+  const uint32_t words = wk->def.dim;   // stored width (validated: RowWords(format, dim))
   const uint32_t fid = wk->def.id;
+  wk->words = words;
   std::memset(r.out, 0, sizeof(float) * r.num_bags * dim);
   // Whole bags from the pooled-embedding cache.
   wk->done.assign(r.num_bags, 0);
@@ -135,22 +138,22 @@ Status SlsEngine::Prepare(const SlsRequest& r, Work* wk) {
     wk->uid_of[p] = static_cast<uint32_t>(wk->uids.size() - 1);
   }
   // Rows: hot partition, host row cache, store-side cache; the rest are gathered.
-  wk->rows.resize(wk->uids.size() * dim);
+  wk->rows.resize(wk->uids.size() * words);
   wk->miss.clear();
   wk->miss_u.clear();
-  wk->dev = DeviceCache(fid, dim);
+  wk->dev = DeviceCache(fid, words);
   for (size_t u = 0; u < wk->uids.size(); u++) {
     const uint64_t key = RowKey(fid, wk->uids[u]);
-    float* dst = wk->rows.data() + u * dim;
+    float* dst = wk->rows.data() + u * words;
     if (hot_.size()) {
       if (const float* h = hot_.Row(key)) {
-        std::memcpy(dst, h, dim * sizeof(float));
+        std::memcpy(dst, h, words * sizeof(float));
         hot_.counters.hits++;
         continue;
       }
       hot_.counters.misses++;
     }
-    if (rows_.enabled() && rows_.Get(key, dst, dim)) continue;
+    if (rows_.enabled() && rows_.Get(key, dst, words)) continue;
     if (wk->dev && wk->dev->Get(key, dst)) continue;
     wk->miss.push_back(wk->uids[u]);
     wk->miss_u.push_back(static_cast<uint32_t>(u));
@@ -160,13 +163,19 @@ Status SlsEngine::Prepare(const SlsRequest& r, Work* wk) {
 
 void SlsEngine::Pool(const SlsRequest& r, Work* wk) {
   // Pool in index order within each bag (the order torch.nn.EmbeddingBag sums in).
-  const uint32_t dim = wk->def.dim;
+  const uint32_t dim = r.dim;
+  const float* rows = wk->rows.data();
+  if (r.format != RowFormat::kFloat32) {  // decode each unique row once
+    wk->decoded.resize(wk->uids.size() * dim);
+    for (size_t u = 0; u < wk->uids.size(); u++) DecodeRow(r.format, rows + u * wk->words, dim, wk->decoded.data() + u * dim);
+    rows = wk->decoded.data();
+  }
   for (size_t b = 0; b < r.num_bags; b++) {
     if (wk->done[b]) continue;
     float* acc = r.out + b * dim;
     const int64_t a = r.offsets[b], z = r.offsets[b + 1];
     for (int64_t p = a; p < z; p++) {
-      const float* row = wk->rows.data() + static_cast<size_t>(wk->uid_of[p]) * dim;
+      const float* row = rows + static_cast<size_t>(wk->uid_of[p]) * dim;
       const float wgt = r.weights ? r.weights[p] : 1.0f;
       for (uint32_t d = 0; d < dim; d++) acc[d] += wgt * row[d];
     }

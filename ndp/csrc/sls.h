@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ndp/csrc/cache.h"
+#include "ndp/csrc/row_format.h"
 #include "reader/csrc/store.h"
 
 namespace recflash::ndp {
@@ -26,7 +27,9 @@ struct SlsRequest {
   const float* weights = nullptr;    // per-sample weights (num_indices) or null
   bool mean = false;                 // mode "mean" instead of "sum"
   float* out = nullptr;              // num_bags x dim, written (not accumulated)
-  uint32_t dim = 0;                  // expected row width; checked against the table
+  uint32_t dim = 0;                  // values per row (the pooled width)
+  RowFormat format = RowFormat::kFloat32;  // how a stored row holds them; the table's stored
+                                           // width must be RowWords(format, dim)
 };
 
 struct SlsStats {
@@ -65,7 +68,8 @@ class SlsEngine {
     bool pool_cacheable = false;
     std::vector<uint32_t> order, uid_of, miss_u;
     std::vector<uint64_t> uids, miss;
-    std::vector<float> rows, fetched;
+    uint32_t words = 0;          // stored width of a row (RowWords)
+    std::vector<float> rows, fetched, decoded;  // raw rows; decoded (quantized formats only)
     DirectMappedCache* dev = nullptr;
     GatherStats gs;
   };

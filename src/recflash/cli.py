@@ -2,7 +2,7 @@
 
 Commands here: ``version``, ``info STORE``. Command groups that live beside the code they
 drive are registered at the bottom of this module: ``import`` and ``stats``
-(:mod:`recflash.ingest.cli`); later ones (``ndp serve``) the same way. They share
+(:mod:`recflash.ingest.cli`); ``ndp serve`` / ``ndp status`` (:mod:`recflash.ndp.cli`). They share
 :mod:`recflash.reader._cli` (``store_errors``, ``open_store``, ``fail``, ``jsonable``, tables).
 """
 
@@ -73,6 +73,10 @@ from recflash.ingest.cli import import_app, stats_command  # noqa: E402
 
 app.add_typer(import_app, name="import")
 app.command("stats")(stats_command)
+
+from recflash.ndp.cli import ndp_app  # noqa: E402
+
+app.add_typer(ndp_app, name="ndp")
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,117 @@
+"""The compute kernel of SSD-offloaded tables: one SLS engine call per group per batch.
+
+TorchRec groups a rank's tables by compute kernel; the group whose plan says
+``CUSTOMIZED_KERNEL`` gets an :class:`SsdEmbeddingBag` instead of a TBE. Its ``forward`` takes
+the group's KeyedJaggedTensor, builds one ``SlsRequest`` per feature (a table can serve several
+features) and sends them all in one ``backend.sls`` call, so every table of the group shares one
+io_uring pass; the pooled ``[B, dim]`` results are concatenated in feature order, the layout
+TorchRec's TBE kernels return (``[B, sum of dims]``).
+
+The kernel owns no weights: rows live in the store. Its ``state_dict`` is empty; the sharded
+module routes checkpoint rows to the store (see ``sharding.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Tuple
+
+import torch
+from torchrec.distributed.embedding_kernel import BaseEmbedding
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
+from torchrec.modules.embedding_configs import PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recflash.ndp import SlsRequest
+from recflash.reader.errors import InvalidArgumentError, SchemaError, UnknownFeatureError
+
+
+def check_table_matches(backend, name: str, num_rows: int, dim: int, where: str) -> None:
+    """The store's table `name` must have the model's shape; the message names the table."""
+    try:
+        info = backend.info(name)
+    except UnknownFeatureError:
+        have = sorted(backend.tables())
+        raise UnknownFeatureError(
+            f"{where}: table '{name}' is planned on SSD but the store has no such table "
+            f"(it has: {', '.join(have) or 'no tables'}); export it with "
+            f"recflash.torchrec_ext.export_tables first") from None
+    if info.dim != dim:
+        raise SchemaError(f"{where}: table '{name}' has dim {dim} in the model but {info.dim} in the store")
+    if info.num_rows != num_rows:
+        raise SchemaError(f"{where}: table '{name}' has {num_rows} rows in the model but "
+                          f"{info.num_rows} in the store")
+
+
+class SsdEmbeddingBag(BaseEmbedding):
+    """Pooled lookups of a group of SSD tables through a recflash SLS backend."""
+
+    def __init__(self, config: GroupedEmbeddingConfig, backend, where: str = "SSD table group") -> None:
+        super().__init__()
+        self._config = config
+        self._backend = backend
+        if config.pooling == PoolingType.SUM:
+            self._mode = "sum"
+        elif config.pooling == PoolingType.MEAN:
+            self._mode = "mean"
+        else:
+            raise InvalidArgumentError(f"{where}: pooling {config.pooling} is not supported on SSD tables "
+                                       f"(sum and mean are)")
+        # (feature, table, dim) in the order of the group's KJT keys and output columns.
+        self._features: List[Tuple[str, str, int]] = []
+        for table in config.embedding_tables:
+            if table.local_rows != table.num_embeddings or table.local_cols != table.embedding_dim:
+                raise InvalidArgumentError(
+                    f"{where}: table '{table.name}' is split ({table.local_rows} x {table.local_cols} of "
+                    f"{table.num_embeddings} x {table.embedding_dim}); SSD tables are sharded table-wise")
+            check_table_matches(backend, table.name, table.num_embeddings, table.embedding_dim, where)
+            for f in table.feature_names:
+                self._features.append((f, table.name, table.embedding_dim))
+
+    @property
+    def config(self) -> GroupedEmbeddingConfig:
+        return self._config
+
+    @property
+    def backend(self):
+        return self._backend
+
+    def table_names(self) -> List[str]:
+        return [t.name for t in self._config.embedding_tables]
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        if features.variable_stride_per_key():
+            raise InvalidArgumentError(
+                f"SSD tables {', '.join(self.table_names())}: the batch has a different batch size per "
+                f"feature (variable batch per feature), which SSD-offloaded tables do not support; "
+                f"send every feature with the same batch size")
+        batch = features.stride()
+        values = features.values()
+        offsets = features.offsets()
+        weights = features.weights_or_none()
+        if weights is not None and not torch.is_floating_point(weights):
+            weights = None
+        if weights is not None and self._mode != "sum":
+            raise InvalidArgumentError(f"SSD tables {', '.join(self.table_names())}: per-sample weights "
+                                       f"need sum pooling, the tables pool by {self._mode}")
+        requests = []
+        for i, (_, table, _) in enumerate(self._features):
+            off = offsets[i * batch:(i + 1) * batch + 1]
+            a = int(off[0])
+            z = int(off[-1])
+            requests.append(SlsRequest(
+                table, values[a:z], off - a if a else off, mode=self._mode,
+                per_sample_weights=None if weights is None else weights[a:z], include_last_offset=True))
+        pooled = self._backend.sls(requests)
+        if len(pooled) == 1:
+            return pooled[0]
+        return torch.cat(pooled, dim=1)
+
+    # The kernel holds no parameters: nothing for TorchRec's state_dict or optimizer to see.
+    def named_parameters_by_table(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        return iter(())
+
+    def flush(self) -> None:
+        pass
+
+    def purge(self) -> None:
+        pass

@@ -1,0 +1,352 @@
+"""DRAM vs SSD per table, and a TorchRec ``ShardingPlan`` for it (``plan_offload``).
+
+Tiering follows SDM (§2.2, §4): a table's *demanded bandwidth* is
+``QPS x pooling factor x row bytes``, with rows rounded up to the 512-byte device block a
+vector-grained read costs. DRAM is given to the tables that demand the most bandwidth per DRAM
+byte, in that order, while the budget lasts (a table that does not fit is skipped and smaller
+ones after it may still fit — greedy knapsack by density); the rest go to SSD. The plan then
+reports what the SSD tables demand of the device — reads/s and bytes/s — against its measured
+random-read IOPS.
+
+Placement is TorchRec's own ``EmbeddingShardingPlanner`` with two estimators that know the SSD
+kernel: SSD tables are charged to ``Storage.ssd`` (never to DDR; only the engine's caches are
+DRAM), and their forward cost is the device reads they need at the device's IOPS. Every table
+gets a constraint (TorchRec's enumerator would otherwise offer the custom kernel for any table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import (KernelConfig, Perf, ShardEstimator, Storage, TopologyFactory,
+                                                TrainerConfig)
+from torchrec.distributed.types import ShardingPlan, ShardingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from recflash.reader.errors import InvalidArgumentError, UnknownFeatureError
+from recflash.torchrec_ext.sharding import SSD_KERNEL, SsdEmbeddingBagCollectionSharder
+
+DEVICE_BLOCK = 512
+FUSED_KERNEL = "fused"
+DEFAULT_QPS = 1000.0
+
+
+def ssd_row_bytes(dim: int, dtype: str = "float32") -> int:
+    """Bytes a vector-grained read of one row costs: the row rounded up to 512-byte blocks."""
+    raw = {"float32": 4 * dim, "float16": 2 * dim, "int8": dim + 4}[dtype]
+    return DEVICE_BLOCK * math.ceil(raw / DEVICE_BLOCK)
+
+
+@dataclasses.dataclass
+class TableDemand:
+    """One table's numbers in the tiering decision."""
+    name: str
+    rows: int
+    dim: int
+    pooling_factor: float        # ids per sample over all features of the table
+    dram_bytes: int              # float32 rows in DRAM
+    ssd_row_bytes: int           # device bytes of one row read
+    bandwidth: float             # demanded bytes/s if on SSD = qps x pooling x ssd_row_bytes
+    tier: str = ""               # "dram" | "ssd"
+
+    @property
+    def density(self) -> float:  # demanded bandwidth per DRAM byte
+        return self.bandwidth / max(1, self.dram_bytes)
+
+
+@dataclasses.dataclass
+class TieringReport:
+    """What ``plan_offload`` decided and what it demands of the SSD."""
+    qps: float
+    dram_budget_bytes: Optional[int]
+    tables: List[TableDemand]
+    device_iops: Optional[float] = None   # measured 512 B random-read IOPS at deep queue, if known
+
+    @property
+    def ssd_tables(self) -> List[str]:
+        return [t.name for t in self.tables if t.tier == "ssd"]
+
+    @property
+    def dram_tables(self) -> List[str]:
+        return [t.name for t in self.tables if t.tier == "dram"]
+
+    @property
+    def dram_bytes(self) -> int:
+        return sum(t.dram_bytes for t in self.tables if t.tier == "dram")
+
+    @property
+    def ssd_reads_per_sample(self) -> float:
+        """Row reads per sample the SSD tables need (before de-duplication and caches)."""
+        return sum(t.pooling_factor for t in self.tables if t.tier == "ssd")  # one read per row
+
+    @property
+    def ssd_reads_per_s(self) -> float:
+        return self.qps * self.ssd_reads_per_sample
+
+    @property
+    def ssd_bytes_per_s(self) -> float:
+        return sum(t.bandwidth for t in self.tables if t.tier == "ssd")
+
+    @property
+    def device_fraction(self) -> Optional[float]:
+        """Demanded SSD reads/s as a fraction of the device's random-read IOPS."""
+        return self.ssd_reads_per_s / self.device_iops if self.device_iops else None
+
+    def to_dict(self) -> dict:
+        return {"qps": self.qps, "dram_budget_bytes": self.dram_budget_bytes, "device_iops": self.device_iops,
+                "dram_bytes": self.dram_bytes, "ssd_reads_per_sample": self.ssd_reads_per_sample,
+                "ssd_reads_per_s": self.ssd_reads_per_s, "ssd_bytes_per_s": self.ssd_bytes_per_s,
+                "device_fraction": self.device_fraction,
+                "tables": [dict(dataclasses.asdict(t), density=t.density) for t in self.tables]}
+
+    def render(self, console=None) -> None:
+        """Prints the decision as a table (rich)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console(width=max(118, shutil.get_terminal_size((118, 24)).columns))
+        title = f"recflash tiering at {self.qps:,.0f} samples/s"
+        if self.dram_budget_bytes is not None:
+            title += f", DRAM budget {_mib(self.dram_budget_bytes)}"
+        tab = Table(title=title)
+        for col in ("table", "rows x dim", "pooling", "DRAM bytes", "SSD row read", "demanded BW",
+                    "BW per DRAM byte", "tier"):
+            tab.add_column(col, justify="left" if col in ("table", "tier") else "right")
+        for t in sorted(self.tables, key=lambda t: -t.density):
+            tab.add_row(t.name, f"{t.rows:,} x {t.dim}", f"{t.pooling_factor:g}", _mib(t.dram_bytes),
+                        f"{t.ssd_row_bytes} B", f"{t.bandwidth / 1e6:,.2f} MB/s", f"{t.density:.3g}/s",
+                        "[green]DRAM[/]" if t.tier == "dram" else "[yellow]SSD[/]")
+        console.print(tab)
+        line = (f"DRAM tables: {_mib(self.dram_bytes)}; SSD tables demand {self.ssd_reads_per_s:,.0f} reads/s "
+                f"({self.ssd_bytes_per_s / 1e6:,.1f} MB/s)")
+        if self.device_iops:
+            line += f" = {100 * self.device_fraction:.1f} % of the device's {self.device_iops:,.0f} random-read IOPS"
+        else:
+            line += " (device IOPS not measured: pass device_iops= or measure_device_iops(dir))"
+        console.print(line)
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def tier_tables(demands: Sequence[TableDemand], dram_budget_bytes: int) -> List[TableDemand]:
+    """SDM's placement: DRAM to the highest bandwidth per DRAM byte first, until the budget is used."""
+    left = int(dram_budget_bytes)
+    for t in sorted(demands, key=lambda t: (-t.density, t.name)):
+        if t.dram_bytes <= left:
+            t.tier = "dram"
+            left -= t.dram_bytes
+        else:
+            t.tier = "ssd"
+    return list(demands)
+
+
+# -- estimators -------------------------------------------------------------------------------
+
+class SsdPerfEstimator(ShardEstimator):
+    """TorchRec's perf estimator, plus the SSD kernel: forward = device reads / device IOPS."""
+
+    def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None,
+                 device_iops: Optional[float] = None) -> None:
+        self._topology = topology
+        self._constraints = constraints
+        self._iops = device_iops or 80_000.0  # SPEC's measured 512 B random-read IOPS when none is given
+        self._default = EmbeddingPerfEstimator(topology, constraints, is_inference=True)
+
+    def estimate(self, sharding_options, sharder_data_map) -> None:
+        rest = [so for so in sharding_options if so.compute_kernel != SSD_KERNEL]
+        if rest:
+            self._default.estimate(rest, sharder_data_map)
+        for so in sharding_options:
+            if so.compute_kernel != SSD_KERNEL:
+                continue
+            reads = so.batch_size * sum(so.input_lengths) * self._topology.world_size  # whole global batch
+            ms = 1e3 * reads / self._iops
+            for shard in so.shards:
+                shard.perf = Perf(fwd_compute=ms, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0)
+
+
+class SsdStorageEstimator(ShardEstimator):
+    """TorchRec's storage estimator, plus the SSD kernel: rows on ``Storage.ssd``, never DDR."""
+
+    def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None,
+                 ssd_row_bytes_of: Optional[Dict[str, int]] = None, cache_bytes: int = 0) -> None:
+        self._row_bytes = ssd_row_bytes_of or {}
+        self._cache_bytes = int(cache_bytes)
+        self._default = EmbeddingStorageEstimator(topology, constraints, is_inference=True)
+
+    def estimate(self, sharding_options, sharder_data_map) -> None:
+        rest = [so for so in sharding_options if so.compute_kernel != SSD_KERNEL]
+        if rest:
+            self._default.estimate(rest, sharder_data_map)
+        for so in sharding_options:
+            if so.compute_kernel != SSD_KERNEL:
+                continue
+            rows, dim = so.tensor.shape
+            row_bytes = self._row_bytes.get(so.name, 4 * dim)
+            for shard in so.shards:
+                # The SLS engine's caches are the only DRAM an SSD table uses.
+                shard.storage = Storage(hbm=0, ddr=self._cache_bytes, ssd=int(rows * row_bytes))
+
+
+# -- the public entry point -------------------------------------------------------------------
+
+@dataclasses.dataclass
+class OffloadPlan(ShardingPlan):
+    """A TorchRec ``ShardingPlan`` plus the tiering decision behind it."""
+    tiering: Optional[TieringReport] = None
+
+
+def _ebcs(model: nn.Module) -> Dict[str, EmbeddingBagCollection]:
+    out = {fqn: m for fqn, m in model.named_modules() if isinstance(m, EmbeddingBagCollection)}
+    if not out:
+        raise InvalidArgumentError("plan_offload: the model has no EmbeddingBagCollection")
+    return out
+
+
+def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequence[str]] = None,
+                 dram_budget_bytes: Optional[int] = None, qps: float = DEFAULT_QPS,
+                 pooling_factors: Optional[Dict[str, float]] = None, ssd_cap_bytes: Optional[int] = None,
+                 batch_size: int = 512, device_iops: Optional[float] = None, store_path=None,
+                 dram_sharding_type: str = ShardingType.TABLE_WISE.value, cache_bytes: int = 0,
+                 print_table: bool = True) -> OffloadPlan:
+    """A TorchRec ``ShardingPlan`` with the SSD tables on recflash's kernel.
+
+    Give either ``ssd_tables`` (names) or ``dram_budget_bytes`` (SDM tiering by demanded
+    bandwidth per DRAM byte at ``qps`` samples/s with ``pooling_factors`` ids per sample per
+    table, default 1 per feature). ``ssd_cap_bytes`` is each rank's SSD capacity (default: the
+    free space of ``store_path``'s file system, else 2 TiB); ``device_iops`` the device's
+    measured random-read IOPS (see ``measure_device_iops``). ``store_path``, when given, is
+    checked to hold every SSD table with the model's shape. The returned plan's ``tiering``
+    holds the decision; ``print_table`` prints it.
+    """
+    if (ssd_tables is None) == (dram_budget_bytes is None):
+        raise InvalidArgumentError("plan_offload: give exactly one of ssd_tables= or dram_budget_bytes=")
+    if world_size < 1:
+        raise InvalidArgumentError(f"plan_offload: world_size must be >= 1, got {world_size}")
+    ebcs = _ebcs(model)
+    configs = {}
+    for fqn, ebc in ebcs.items():
+        for c in ebc.embedding_bag_configs():
+            if c.name in configs:
+                raise InvalidArgumentError(f"plan_offload: table name '{c.name}' appears in two "
+                                           f"EmbeddingBagCollections")
+            configs[c.name] = c
+    pooling_factors = dict(pooling_factors or {})
+    unknown = sorted(set(pooling_factors) - set(configs))
+    if unknown:
+        raise UnknownFeatureError(f"plan_offload: pooling_factors name unknown table(s) {', '.join(unknown)} "
+                                  f"(tables: {', '.join(sorted(configs))})")
+    demands = []
+    for name, c in configs.items():
+        pf = float(pooling_factors.get(name, len(c.feature_names)))
+        rb = ssd_row_bytes(c.embedding_dim)
+        demands.append(TableDemand(name=name, rows=c.num_embeddings, dim=c.embedding_dim, pooling_factor=pf,
+                                   dram_bytes=4 * c.num_embeddings * c.embedding_dim, ssd_row_bytes=rb,
+                                   bandwidth=qps * pf * rb))
+    if ssd_tables is not None:
+        ssd_set = set(ssd_tables)
+        missing = sorted(ssd_set - set(configs))
+        if missing:
+            raise UnknownFeatureError(f"plan_offload: ssd_tables name unknown table(s) {', '.join(missing)} "
+                                      f"(the model's tables: {', '.join(sorted(configs))})")
+        for t in demands:
+            t.tier = "ssd" if t.name in ssd_set else "dram"
+    else:
+        if dram_budget_bytes < 0:
+            raise InvalidArgumentError(f"plan_offload: dram_budget_bytes must be >= 0, got {dram_budget_bytes}")
+        tier_tables(demands, dram_budget_bytes)
+    report = TieringReport(qps=qps, dram_budget_bytes=dram_budget_bytes, tables=demands, device_iops=device_iops)
+
+    if store_path is not None:
+        _check_store(store_path, [t for t in demands if t.tier == "ssd"], world_size)
+    if ssd_cap_bytes is None:
+        ssd_cap_bytes = (shutil.disk_usage(os.path.dirname(os.path.abspath(os.fspath(store_path)).replace("{rank}", "0"))).free
+                         if store_path is not None and not str(store_path).startswith("unix:") else 2 << 40)
+    constraints = {}
+    for t in demands:
+        c = configs[t.name]
+        pfs = [t.pooling_factor / len(c.feature_names)] * len(c.feature_names)
+        if t.tier == "ssd":
+            constraints[t.name] = ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value],
+                                                       compute_kernels=[SSD_KERNEL], pooling_factors=pfs)
+        else:
+            kernels = ["dense"] if dram_sharding_type == ShardingType.DATA_PARALLEL.value else [FUSED_KERNEL]
+            constraints[t.name] = ParameterConstraints(sharding_types=[dram_sharding_type],
+                                                       compute_kernels=kernels, pooling_factors=pfs)
+    ddr_cap = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # the machine's DRAM
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=world_size, local_world_size=world_size, ddr_cap_bytes=ddr_cap,
+                      ssd_cap_bytes=int(ssd_cap_bytes)),
+        kernel_config=KernelConfig(compute_device="cpu"))
+    estimators = [SsdPerfEstimator(topology, constraints, device_iops),
+                  SsdStorageEstimator(topology, constraints, {t.name: t.ssd_row_bytes for t in demands}, cache_bytes)]
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints,
+                                     estimator=estimators)
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, constraints=constraints,
+                                       enumerator=enumerator, debug=False)
+    plan = planner.plan(model, [SsdEmbeddingBagCollectionSharder(None)])
+    if print_table:
+        report.render()
+    return OffloadPlan(plan=plan.plan, tiering=report)
+
+
+def _check_store(store_path, ssd: List[TableDemand], world_size: int) -> None:
+    """Every SSD table exists in the store with the model's shape (clear errors before sharding)."""
+    from recflash.torchrec_ext.backend import is_device_address
+
+    if not ssd or is_device_address(store_path):
+        return
+    from recflash.ndp import EmbeddingStore
+    from recflash.reader import Store
+    from recflash.reader.errors import NotAStoreError, SchemaError
+
+    paths = [os.fspath(store_path).replace("{rank}", str(r)) for r in range(world_size)] \
+        if "{rank}" in os.fspath(store_path) else [os.fspath(store_path)]
+    for p in paths:
+        if not os.path.isdir(p):
+            raise NotAStoreError(f"plan_offload: embedding store '{p}' does not exist")
+        with Store.open(p, read_only=True) as s:
+            have = EmbeddingStore(s).tables()
+        if len(paths) > 1:
+            continue  # per-rank stores hold only the tables their rank serves
+        for t in ssd:
+            if t.name not in have:
+                raise UnknownFeatureError(f"plan_offload: table '{t.name}' is planned on SSD but the store '{p}' "
+                                          f"has no such table (it has: {', '.join(sorted(have)) or 'none'})")
+            h = have[t.name]
+            if (h.num_rows, h.dim) != (t.rows, t.dim):
+                raise SchemaError(f"plan_offload: table '{t.name}' is {t.rows} x {t.dim} in the model but "
+                                  f"{h.num_rows} x {h.dim} in the store '{p}'")
+
+
+def measure_device_iops(directory, seconds: float = 3.0, block: int = 512, iodepth: int = 64,
+                        file_mib: int = 512) -> float:
+    """512 B random-read IOPS at deep queue on `directory`'s device (fio, io_uring, O_DIRECT).
+
+    The probe file is fully written first (reads of holes never reach the device)."""
+    fio = shutil.which("fio")
+    if fio is None:
+        raise RuntimeError("measure_device_iops needs fio (apt-get install fio)")
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".iops-") as d:
+        f = os.path.join(d, "probe")
+        subprocess.run([fio, "--name=fill", f"--filename={f}", f"--size={file_mib}M", "--rw=write", "--bs=1M",
+                        "--direct=1", "--ioengine=psync", "--output-format=json"], check=True, capture_output=True)
+        r = subprocess.run([fio, "--name=rr", f"--filename={f}", f"--size={file_mib}M", "--rw=randread",
+                            f"--bs={block}", "--direct=1", "--ioengine=io_uring", f"--iodepth={iodepth}",
+                            "--time_based", f"--runtime={seconds}", "--output-format=json"],
+                           check=True, capture_output=True, text=True)
+        return float(json.loads(r.stdout)["jobs"][0]["read"]["iops"])

@@ -1,7 +1,7 @@
 # recflash — setup, build, test, demo. Run from the repository root.
 #
 #   make setup   system packages (apt), .venv with the pinned Python stack, then the package
-#   make test    setup + pytest (from the repo root, with the venv's pytest executable)
+#   make test    setup + the C++ unit tests (ctest) + pytest
 #   make demo    setup + examples/demo.py, a short examples/train_dlrm_ray.py --quick, then
 #                examples/dlrm_inference_ssd.py --quick (TorchRec inference with SSD tables)
 #   make build   reinstall the package only (incremental C++ build under build/)
@@ -20,7 +20,7 @@ PYTHON       ?= python3
 VENV         := .venv
 VPY          := $(VENV)/bin/python
 PIP          := $(VENV)/bin/pip
-APT_PACKAGES := liburing-dev librocksdb-dev pkg-config fio cmake ninja-build g++
+APT_PACKAGES := liburing-dev librocksdb-dev pkg-config fio cmake ninja-build g++ googletest libgtest-dev
 # torchrec's wheel asks for the CUDA fbgemm-gpu; fbgemm-gpu-cpu is pinned in requirements.txt,
 # so torchrec goes in without its dependencies.
 TORCHREC     := torchrec==1.9.2
@@ -28,7 +28,7 @@ REQ_STAMP    := $(VENV)/.recflash-requirements.sha256
 PYTEST_ARGS  ?=
 DEMO_ARGS    ?=
 
-.PHONY: help setup system-deps python-deps build proto test demo clean
+.PHONY: help setup system-deps python-deps build proto cpp-test test demo clean
 
 help:
 	@sed -n '3,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -81,9 +81,14 @@ build:
 proto:
 	$(VPY) -P ndp/proto/generate.py
 
-# The venv's pytest executable, not `python -m pytest`: `-m` puts the cwd on sys.path and the
-# repo-root folder recflash/ would shadow the installed package.
-test: setup
+# The C++ unit tests (tests/cpp, GoogleTest) in their own CMake build without the Python module.
+CPP_TEST_DIR := build/cpp-tests
+cpp-test:
+	cmake -S . -B $(CPP_TEST_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DRECFLASH_PYTHON=OFF -DRECFLASH_TESTS=ON >/dev/null
+	cmake --build $(CPP_TEST_DIR) --target recflash_unit_tests
+	ctest --test-dir $(CPP_TEST_DIR) --output-on-failure
+
+test: setup cpp-test
 	@start=$$(date +%s%N); rc=0; \
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
 	ms=$$(( ($$(date +%s%N) - start) / 1000000 )); \

@@ -370,9 +370,7 @@ def main() -> int:
             log(f"device: sequential read {res['device'].get('seq_read_MBps', 0):,.0f} MB/s")
         res["data"] = make_data(work, rows, args.seed)
         paths = res["data"]["paths"]
-        from recflash.ingest.ray import init_ray
-
-        init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=True,
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=True,
                  logging_level="WARNING")
         ray.data.DataContext.get_current().enable_progress_bars = False
         res["disk"] = disk_usage(paths, res["data"]["items"])

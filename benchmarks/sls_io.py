@@ -110,8 +110,6 @@ TARGET_VS_IO_UNBUF = 5.0
 TARGET_VS_MMAP = 3.0
 TARGET_ROW_CACHE_SPEEDUP = 2.0
 
-HARNESS_SRC = os.path.join(HERE, "csrc", "sls_baselines.cc")
-HARNESS_BIN = os.path.join(ROOT, "build", "sls-bench", "sls_baselines")
 
 CACHE_KWARGS = ("row_cache_bytes", "hot_rows_bytes", "pooled_cache_bytes", "pooled_min_bag", "device_cache_bytes")
 ROW_CACHE_OVERHEAD = 64   # bytes the engine's RowCache charges per entry besides the row
@@ -230,18 +228,11 @@ def proc_mem() -> tuple:
 
 
 def build_harness() -> str:
-    if os.path.exists(HARNESS_BIN) and os.path.getmtime(HARNESS_BIN) >= os.path.getmtime(HARNESS_SRC):
-        return HARNESS_BIN
-    os.makedirs(os.path.dirname(HARNESS_BIN), exist_ok=True)
-    gxx = shutil.which("g++") or "g++"
-    cmd = [gxx, "-O2", "-std=c++20", "-o", HARNESS_BIN + ".tmp", HARNESS_SRC, "-luring"]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"building the SLS harness failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-    os.replace(HARNESS_BIN + ".tmp", HARNESS_BIN)
-    log(f"built {HARNESS_BIN} in {time.perf_counter() - t:.1f}s")
-    return HARNESS_BIN
+    """benchmarks/csrc/sls_baselines.cc, built through the project's CMake (see
+    baselines.common.build_harness)."""
+    from baselines.common import build_harness as cmake_harness
+
+    return cmake_harness("sls_baselines")
 
 
 def fio_randread(path: str, size: int, bs: int, qd: int, runtime: float, dev=None) -> dict:

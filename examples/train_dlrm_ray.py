@@ -276,12 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"store: {args.rows:,} synthetic Criteo-like rows (40 features) in {store} "
                   f"({time.perf_counter() - t0:.1f} s, labels planted from I1, I2, I5, C1, C2, C9)", flush=True)
         if not ray.is_initialized():
-            from recflash.ingest.ray import init_ray
-
             # 4 logical CPUs on 2 cores: 2 train workers plus read tasks. Ray's, Ray Train's and
             # TorchRec's log lines (workers' output included) go to log files, not the terminal.
             route_logs(log_path)
-            init_ray(num_cpus=max(4, args.workers * 2), include_dashboard=False, log_to_driver=False,
+            ray.init(num_cpus=max(4, args.workers * 2), include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
         m = run(store, steps=args.steps, batch_size=args.batch_size, workers=args.workers, worker_cpus=args.worker_cpus,
                 table_rows=args.table_rows, lr=args.lr, log_every=max(1, min(50, args.steps // 5)),

@@ -1,8 +1,9 @@
 """``recflash import ...`` and ``recflash stats`` (registered in :mod:`recflash.cli`).
 
-Exit codes: 0 success (also "already imported"), 2 bad input (missing file, wrong schema, a
-bad line with ``--on-bad-lines error``, a store that refuses the data, wrong options),
-1 internal failure, 130 interrupted (Ctrl-C; run the same command again to resume).
+Exit codes (the one policy of :mod:`recflash.reader._cli`): 0 success (also "already
+imported"), 2 bad input (missing file, wrong schema, a bad line with ``--on-bad-lines error``,
+a store that refuses the data, wrong options), 1 internal failure, 130 interrupted (Ctrl-C;
+run the same command again to resume).
 """
 
 from __future__ import annotations
@@ -19,13 +20,9 @@ from rich.progress import (BarColumn, Progress, ProgressColumn, TaskProgressColu
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
 
-from recflash._cli_util import (_features_table, _stats_table, _table, console, err_console, fail, human_bytes,
-                                jsonable, open_store, ratio, store_errors)
-
-EXIT_OK = 0
-EXIT_INTERNAL = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+from recflash.reader._cli import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK,  # noqa: F401
+                                   _features_table, _stats_table, _table, console, err_console, fail, human_bytes,
+                                   jsonable, open_store, ratio, store_errors)
 
 import_app = typer.Typer(
     name="import",
@@ -409,15 +406,25 @@ def _imports_table(jobs: list[dict]) -> Any:
 
 
 def stats_command(
-    store: Annotated[Path, typer.Option("--store", "-s", help="Store directory.", show_default=False)],
+    store_arg: Annotated[Optional[Path], typer.Argument(metavar="STORE", help="Store directory.",
+                                                        show_default=False)] = None,
+    store_opt: Annotated[Optional[Path], typer.Option("--store", "-s", help="Store directory (the same as STORE).",
+                                                      show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON.")] = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG: items, pages and fragmentation "
                                                  "per feature.", show_default=False)] = None,
     scan: Annotated[bool, typer.Option("--scan", help="Scan every feature once to measure its read "
                                        "amplification (reads the whole store).")] = False,
 ) -> None:
-    """Per-feature items, pages and fragmentation degree, and the store's amplifications."""
+    """Per-feature items, pages and fragmentation degree, and the store's amplifications.
+    The store is a positional argument as in ``recflash info STORE``; ``--store`` is an alias."""
     from recflash.ingest.journal import all_jobs
+
+    if store_arg is not None and store_opt is not None and store_arg != store_opt:
+        fail(f"two stores given: {store_arg} and --store {store_opt}", EXIT_BAD_INPUT)
+    store = store_arg if store_arg is not None else store_opt
+    if store is None:
+        fail("missing the store directory: recflash stats STORE", EXIT_BAD_INPUT)
 
     reads: dict[str, dict] = {}
     with store_errors():

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recflash.ingest.hexids import parse_hex_column, valid_mask
+from recflash.reader.store import parse_value_type
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -135,6 +136,7 @@ def to_column(arr, stype: str, name: str, hex_ids: bool = False) -> Column:
             raise BadRows(bad, name, reasons)
         return Column(valid, values)
     valid = valid_mask(arr)
+    stype, dim = parse_value_type(stype)  # canonical form, the engine's parser
     if stype == "int64":
         a = _as_int64(arr, name)
         vals = fixed_values(a, np.int64)
@@ -156,7 +158,7 @@ def to_column(arr, stype: str, name: str, hex_ids: bool = False) -> Column:
         if pa.types.is_large_list(arr.type) or arr.type.value_type != child_type:
             arr = arr.cast(pa.list_(child_type), safe=False)
         return Column(valid, arr)
-    if stype.startswith("fixed_size_list"):
+    if dim:
         if arr.flatten().null_count:
             _bad_list_rows(arr, valid, name)
         target = pa.list_(pa.float32(), arr.type.list_size)

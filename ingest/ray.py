@@ -31,10 +31,7 @@ for batch in ds.iter_torch_batches(batch_size=4096, collate_fn=TorchRecCollate(p
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -45,6 +42,7 @@ from ray.data.collate_fn import ArrowBatchCollateFn
 from ray.data.datasource import Datasource, ReadTask
 
 from recflash.reader import Store, StoreOptions
+from recflash.reader.store import parse_value_type
 from recflash.reader.errors import InvalidArgumentError, StaleSnapshotError
 
 KEY = "key"
@@ -65,8 +63,11 @@ def _arrow_type(type_str: str) -> pa.DataType:
         return pa.list_(pa.int64())
     if type_str == "list<float32>":
         return pa.list_(pa.float32())
-    if type_str.startswith("fixed_size_list<float32,"):
-        return pa.list_(pa.float32(), int(type_str.split(",")[1].rstrip("> ")))
+    canonical, dim = parse_value_type(type_str)
+    if dim:
+        return pa.list_(pa.float32(), dim)
+    if canonical != "binary":
+        raise InvalidArgumentError(f"no Arrow type for the store type {type_str!r}")
     return pa.binary()
 
 
@@ -238,18 +239,6 @@ def _read_range(path: str, feats: List[str], columns: List[str], lo: int, hi: Op
     return [table.select(columns)]
 
 
-def init_ray(**ray_init_args: Any) -> Any:
-    """``ray.init(**ray_init_args)`` from a neutral working directory. Ray puts the driver's
-    current directory on every worker's ``sys.path``; started from a recflash source checkout,
-    its ``recflash/`` folder would shadow the installed package in the workers (``No module
-    named 'recflash.ingest'``). The driver's own working directory is restored afterwards."""
-    cwd = os.getcwd()
-    with contextlib.ExitStack() as stack:
-        stack.callback(os.chdir, cwd)
-        os.chdir(tempfile.gettempdir())
-        return ray.init(**ray_init_args)
-
-
 def read_store(store_path: str, features: Optional[Sequence[str]] = None, *, key_range: KeyRange = None,
                rows_per_task: Optional[int] = 1 << 18, **ray_args: Any) -> "ray.data.Dataset":
     """``ray.data.read_datasource(RecFlashDatasource(...), **ray_args)``: a Dataset of Arrow
@@ -278,4 +267,4 @@ class TorchRecCollate(ArrowBatchCollateFn):
         return self.preprocessor(batch)
 
 
-__all__ = ["RecFlashDatasource", "read_store", "TorchRecCollate", "split_key_range", "init_ray"]
+__all__ = ["RecFlashDatasource", "read_store", "TorchRecCollate", "split_key_range"]

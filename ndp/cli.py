@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from recflash._cli_util import _table as _titled_table, console, fail, jsonable, store_errors
+from recflash.reader._cli import _table as _titled_table, console, fail, jsonable, store_errors
 
 ndp_app = typer.Typer(name="ndp", help="Near-data processing: serve a store's tables and models to hosts.",
                       no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)

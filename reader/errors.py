@@ -76,3 +76,21 @@ __all__ = [
     "ReadOnlyError",
     "StaleSnapshotError",
 ]
+
+
+def _check_status_codes() -> None:
+    """Every status code of the engine (one list, reader/csrc/status.h) names a class here: a
+    code added on one side only fails at import instead of raising the wrong class later."""
+    try:
+        from recflash import _native
+    except ImportError:  # no engine (e.g. a CLI reporting that): nothing to check against
+        return
+    for code, name, cls_name in _native.STATUS_CODES:
+        cls = globals().get(cls_name)
+        if not (isinstance(cls, type) and issubclass(cls, RecflashError)):
+            raise ImportError(f"the recflash engine's status code {name} ({code}) maps to {cls_name!r}, which "
+                              f"recflash.reader.errors does not define: the engine and the Python package differ "
+                              f"(rebuild with `make build`)")
+
+
+_check_status_codes()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import threading
 from typing import Iterable, Optional, Sequence, Tuple, Union
 
@@ -18,11 +17,14 @@ from recflash.reader.errors import InvalidArgumentError, SchemaError
 
 KeyRange = Optional[Tuple[int, Optional[int]]]  # (lo, hi) half-open; hi None = no upper bound
 _MAX_KEY = (1 << 64) - 1  # key_range=None reaches it; a half-open range cannot
+#: The files of a store directory by role ("marker", "pages", "wal", ...): reader/csrc/filename.h.
+FILE_NAMES: dict = dict(_native.FILE_NAMES)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class StoreOptions:
-    """Options of a store. Every knob is documented where it is declared."""
+    """Options of a store. Every knob is documented where it is declared. A misspelled option
+    raises (TypeError in the constructor, AttributeError on assignment), never goes unnoticed."""
 
     #: Logical page size in bytes (a flash page). Fixed when the store is created; reopening
     #: uses the stored value. Power of two in [4096, 1 MiB].
@@ -97,9 +99,28 @@ class StoreOptions:
         return dataclasses.asdict(self)
 
 
+def _check_option_names() -> None:
+    """StoreOptions declares exactly the options the engine reads (its list is exported as
+    recflash._native.STORE_OPTION_NAMES; the engine refuses any other key)."""
+    ours = {f.name for f in dataclasses.fields(StoreOptions)}
+    theirs = set(_native.STORE_OPTION_NAMES)
+    if ours != theirs:
+        raise ImportError(f"recflash.reader.StoreOptions and the engine's options differ: only in Python "
+                          f"{sorted(ours - theirs)}, only in the engine {sorted(theirs - ours)} (rebuild with "
+                          f"`make build`)")
+
+
+_check_option_names()
+
+
+def parse_value_type(type_str: str) -> Tuple[str, int]:
+    """(canonical type string, dim) of a value type string — the engine's one parser
+    (``fixed_size_list<float32, D>`` has dim D, every other type 0); SchemaError if unknown."""
+    return _native.parse_value_type(type_str)
+
+
 _FIXED_TYPES = {"float32": (np.float32, pa.float32()), "int64": (np.int64, pa.int64())}
 _LIST_TYPES = {"list<int64>": (np.int64, pa.int64()), "list<float32>": (np.float32, pa.float32())}
-_FSL = re.compile(r"^fixed_size_list<float32,\s*(\d+)>$")
 
 
 class _Feature:
@@ -108,8 +129,7 @@ class _Feature:
     def __init__(self, name: str, type_str: str):
         self.name = name
         self.type = type_str
-        m = _FSL.match(type_str)
-        self.dim = int(m.group(1)) if m else 0
+        _, self.dim = parse_value_type(type_str)
 
     # -- input -------------------------------------------------------------------------
     def encode(self, values, n: int):
@@ -481,6 +501,28 @@ class Store:
         thread's last scan / scan_many / get."""
         self._s.features()  # raises StoreClosedError after close()
         return dict(getattr(self._tls, "stats", {}) or {})
+
+    # -- embedding rows ----------------------------------------------------------------
+    def gather_rows(self, feature: str, ids, vector_grained: bool = True) -> Tuple[np.ndarray, dict]:
+        """Rows of an embedding table (a ``fixed_size_list<float32, D>`` feature) for ``ids``
+        (ascending, unique) as a float32 array [len(ids), D], and the gather's statistics
+        (rows, buffer_rows, vector_rows, page_rows, device_reads, device_bytes, ...).
+        vector_grained: a row in a packed page is read as just the device blocks holding it
+        (verified against block checksums); otherwise rows are read with their whole page."""
+        return self._s.gather_rows(feature, _keys(ids, f"gather_rows('{feature}')"), bool(vector_grained))
+
+    def verify_rows(self, feature: str) -> int:
+        """Reads the packed pages of an embedding table whose block checksums are not held
+        yet (whole pages, page checksums verified) and takes their block checksums. Returns
+        the pages read."""
+        return int(self._s.verify_rows(feature))
+
+    @property
+    def native_handle(self):
+        """The engine's store object (``recflash._native.Store``), for engines bound into the
+        same native module (``recflash.ndp``'s SLS engine takes it). Not a user API: its
+        methods take raw buffers and skip this class's checks."""
+        return self._s
 
     # -- status ------------------------------------------------------------------------
     def stats(self) -> dict:

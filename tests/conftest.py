@@ -1,8 +1,7 @@
 """Fixtures for the recflash tests.
 
-Run with the venv's pytest binary (``.venv/bin/pytest tests/``), never ``python -m pytest`` from
-the repository root: the root folder ``recflash/`` would shadow the installed package.
-There is deliberately no ``tests/__init__.py`` (it would put the repository root on sys.path).
+Run with ``.venv/bin/pytest tests/`` or ``python -m pytest`` from the repository root (no root
+folder is named ``recflash``, so the installed package is what tests import).
 """
 
 from __future__ import annotations

@@ -682,6 +682,20 @@ def test_stats_command(criteo_store, tmp_path):
     assert r.exit_code == 2
 
 
+def test_stats_takes_the_store_like_info(criteo_store, tmp_path):
+    """`recflash stats STORE` has the shape of `recflash info STORE`; --store stays an alias.
+    Store errors exit 2 in both commands."""
+    by_arg = invoke("stats", str(criteo_store), "--json")
+    assert by_arg.exit_code == 0, by_arg.output
+    by_opt = invoke("stats", "-s", str(criteo_store), "--json")
+    assert json.loads(by_arg.output)["features"] == json.loads(by_opt.output)["features"]
+    assert invoke("stats").exit_code == 2
+    assert invoke("stats", str(criteo_store), "--store", str(tmp_path)).exit_code == 2
+    for cmd in ("stats", "info"):
+        r = invoke(cmd, str(tmp_path / "none"))
+        assert r.exit_code == 2 and "no store at" in " ".join(r.output.split()), (cmd, r.output)
+
+
 # ---------------------------------------------------------------------------------------------
 # the quick benchmark
 

@@ -47,14 +47,44 @@ def test_benchmark_quick_writes_valid_json(tmp_path):
     assert "target read_8_of_39_vs_parquet" in r.stdout
 
 
+_OWN_RAY_SCRIPT = """\
+import sys
+import ray
+from recflash.ingest.ray import read_store
+from recflash.reader import Store
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+rows = read_store(sys.argv[1], ["I1", "C1"], rows_per_task=4096).take_all()
+with Store.open(sys.argv[1], read_only=True) as s:
+    want = s.scan_many(["I1", "C1"]).num_rows
+assert len(rows) == want > 0, (len(rows), want)
+print("rows", len(rows))
+"""
+
+
+def test_own_ray_init_from_repository_root(tmp_path):
+    """A user's script that calls ray.init() itself and then read_store(), run with the
+    repository root as its working directory (Ray puts it on every worker's sys.path), and
+    importing recflash from there: nothing in the root shadows the installed package."""
+    from recflash.ingest import ImportOptions, SyntheticSource, run_import
+
+    path = str(tmp_path / "store")
+    run_import(SyntheticSource("criteo-kaggle", 10_000, seed=5, chunk_rows=4096), path, ImportOptions(write_buffer_mb=4))
+    script = tmp_path / "own_ray.py"
+    script.write_text(_OWN_RAY_SCRIPT)
+    r = subprocess.run([PY, "-c", "import recflash.reader, recflash.ndp, recflash.ingest"], capture_output=True,
+                       text=True, timeout=300, env=_env(), cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([PY, str(script), path], capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "rows " in r.stdout
+
+
 @pytest.fixture(scope="module")
 def cluster():
     import ray
 
-    from recflash.ingest.ray import init_ray
-
-    # (make test runs pytest from the repository root: init_ray keeps it off the workers' path)
-    init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -114,22 +114,27 @@ def drop_caches() -> bool:
         return False
 
 
-def build_harness(name: str, libs: list[str]) -> str:
-    """Compiles benchmarks/csrc/<name>.cc into build/compaction-bench/<name> when missing or
-    older than its source; returns the binary path."""
-    src = os.path.join(CSRC, name + ".cc")
-    out = os.path.join(BUILD_DIR, name)
-    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(src):
-        return out
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    gxx = shutil.which("g++") or "g++"
-    cmd = [gxx, "-O2", "-std=c++20", "-o", out + ".tmp", src] + libs
+HARNESS_BUILD_DIR = os.path.join(REPO, "build", "bench-harness")
+
+
+def build_harness(name: str, libs: list[str] | None = None) -> str:
+    """Builds the benchmark harness benchmarks/csrc/<name>.cc through the project's CMake
+    (target <name>, option RECFLASH_BENCH_HARNESSES, build dir build/bench-harness; ninja
+    rebuilds it only when its source changed) and returns the binary's path. `libs` is
+    ignored: the CMake target names its libraries."""
+    cmake = shutil.which("cmake") or "cmake"
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"building {name} failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-    os.replace(out + ".tmp", out)
-    log(f"built {out} in {time.perf_counter() - t:.1f}s")
+    steps = []
+    if not os.path.exists(os.path.join(HARNESS_BUILD_DIR, "build.ninja")):
+        steps.append([cmake, "-S", REPO, "-B", HARNESS_BUILD_DIR, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                      "-DRECFLASH_PYTHON=OFF", "-DRECFLASH_BENCH_HARNESSES=ON"])
+    steps.append([cmake, "--build", HARNESS_BUILD_DIR, "--target", name])
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {name} failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+    out = os.path.join(HARNESS_BUILD_DIR, name)
+    log(f"harness {out} ready in {time.perf_counter() - t:.1f}s")
     return out
 
 

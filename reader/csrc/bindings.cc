@@ -1,46 +1,30 @@
-// Python bindings: one call per batch, numpy buffers in and out, the GIL released while the
-// engine works. Status codes become the exception classes of recflash.reader.errors.
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
+// Python bindings of the store: one call per batch, numpy buffers in and out, the GIL released
+// while the engine works. Status codes become the exception classes of recflash.reader.errors.
+// Only the store is bound here; ingest/csrc and ndp/csrc bind their own code.
+#include "reader/csrc/py_bindings.h"
+
+#include "reader/csrc/filename.h"
+
 #include <pybind11/stl.h>
 
 #include <cstring>
 #include <memory>
 
-#include "ingest/csrc/criteo_tsv.h"
-#include "ingest/csrc/hex_ids.h"
-#include "ndp/csrc/sls.h"
-#include "reader/csrc/store.h"
+namespace recflash::bind {
 
-namespace py = pybind11;
-using namespace recflash;
-
-namespace {
-
-[[noreturn]] void Raise(const Status& s) {
-  static const char* kClass[] = {"RecflashError",      "UnknownFeatureError", "FeatureExistsError",
-                                 "SchemaError",        "InvalidArgumentError", "ValueTooLargeError",
-                                 "NotAStoreError",     "CorruptionError",     "StoreLockedError",
-                                 "StoreClosedError",   "IOError_",            "ReadOnlyError",
-                                 "StaleSnapshotError"};
+void Raise(const Status& s) {
+  // The class of each code comes from the one list in status.h (Status::Codes); errors.py
+  // checks at import that it defines every class the list names.
+  const char* cls_name = "RecflashError";
+  for (const Status::CodeInfo& c : Status::Codes())
+    if (c.code == static_cast<int>(s.code())) cls_name = c.python_class;
   py::object errors = py::module_::import("recflash.reader.errors");
-  py::object cls = errors.attr(kClass[static_cast<int>(s.code())]);
+  py::object cls = errors.attr(cls_name);
   PyErr_SetString(cls.ptr(), s.message().c_str());
   throw py::error_already_set();
 }
 
-void Check(const Status& s) {
-  if (!s.ok()) Raise(s);
-}
-
-// Moves a vector into a numpy array that owns it (no copy).
-template <typename V>
-py::array_t<typename V::value_type> ToNumpy(V&& v) {
-  using T = typename V::value_type;
-  auto* heap = new V(std::move(v));
-  py::capsule owner(heap, [](void* p) { delete static_cast<V*>(p); });
-  return py::array_t<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), owner);
-}
+namespace {
 
 py::dict ReadStatsDict(const ReadStats& st) {
   py::dict d;
@@ -61,6 +45,8 @@ py::tuple Column(ColumnData&& c, bool variable) {
   return py::make_tuple(ToNumpy(std::move(c.keys)), ToNumpy(std::move(c.values)), offsets, ToNumpy(std::move(c.found)));
 }
 
+}  // namespace
+
 py::dict GatherStatsDict(const GatherStats& g) {
   py::dict d;
   d["rows"] = g.rows;
@@ -75,183 +61,73 @@ py::dict GatherStatsDict(const GatherStats& g) {
   return d;
 }
 
-// requests: [(table, indices int64, offsets int64 (B + 1), weights float32 | None, mean[, row format, dim])]
-struct ParsedRequests {
-  std::vector<ndp::SlsRequest> reqs;
-  std::vector<py::object> keep;  // arrays stay alive while the GIL is released
-  py::list outs;
+namespace {
+
+// Every store option Python may set, once: its key and the StoreOptions field it sets. The
+// keys are exported (STORE_OPTION_NAMES) and recflash.reader.StoreOptions is checked against
+// them at import; a key not listed here is refused, never ignored.
+struct OptionField {
+  const char* name;
+  void (*set)(StoreOptions& o, const py::handle& v);
 };
-
-ParsedRequests ParseSls(Store* store, const py::list& requests) {
-  ParsedRequests pr;
-  for (const auto& item : requests) {
-    auto t = item.cast<py::tuple>();
-    ndp::SlsRequest r;
-    r.table = t[0].cast<std::string>();
-    auto idx = t[1].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
-    auto off = t[2].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
-    pr.keep.push_back(idx);
-    pr.keep.push_back(off);
-    if (off.size() < 1) Raise(Status::InvalidArgument("sls on table '" + r.table + "': offsets must have B + 1 entries"));
-    r.indices = idx.data();
-    r.num_indices = static_cast<size_t>(idx.size());
-    r.offsets = off.data();
-    r.num_bags = static_cast<size_t>(off.size()) - 1;
-    if (!t[3].is_none()) {
-      auto w = t[3].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
-      if (static_cast<size_t>(w.size()) != r.num_indices)
-        Raise(Status::InvalidArgument("sls on table '" + r.table + "': per_sample_weights must match indices"));
-      pr.keep.push_back(w);
-      r.weights = w.data();
-    }
-    r.mean = t[4].cast<bool>();
-    FeatureDef d;
-    Check(store->LookupFeature(r.table, &d));
-    r.dim = d.type == ValueType::kFixedFloat32 ? d.dim : 0;
-    if (t.size() >= 7) {  // (…, row format, dim): a float16 or int8 table
-      r.format = static_cast<ndp::RowFormat>(t[5].cast<int>());
-      r.dim = t[6].cast<uint32_t>();
-    }
-    py::array_t<float> out({static_cast<py::ssize_t>(r.num_bags), static_cast<py::ssize_t>(std::max<uint32_t>(r.dim, 1))});
-    r.out = out.mutable_data();
-    pr.outs.append(out);
-    pr.reqs.push_back(std::move(r));
-  }
-  return pr;
-}
-
-py::tuple RunSls(Store* store, ndp::SlsEngine* engine, const py::list& requests) {
-  ParsedRequests pr = ParseSls(store, requests);
-  ndp::SlsStats ss;
-  Status st;
-  {
-    py::gil_scoped_release nogil;
-    st = engine->Run(pr.reqs, &ss);
-  }
-  Check(st);
-  py::dict d;
-  d["lookups"] = ss.lookups;
-  d["unique_rows"] = ss.unique_rows;
-  d["gather"] = GatherStatsDict(ss.gather);
-  d["seconds"] = ss.seconds;
-  return py::make_tuple(pr.outs, d);
-}
-
-// parse_hex_ids(offsets int32[n + 1], data uint8[], validity uint8[] | None, bit_offset)
-//   -> (values int64[m], keep bool[n] | None when every entry has a value, bad int64[] | None)
-py::tuple ParseHexIdsPy(py::array_t<int32_t, py::array::c_style> offsets, py::array_t<uint8_t, py::array::c_style> data,
-                        py::object validity, int64_t bit_offset) {
-  if (offsets.size() < 1) throw py::value_error("parse_hex_ids: offsets need n + 1 entries");
-  const size_t n = static_cast<size_t>(offsets.size() - 1);
-  const int32_t* off = offsets.data();
-  if (off[0] < 0 || off[n] < off[0] || static_cast<size_t>(off[n]) > static_cast<size_t>(data.size()))
-    throw py::value_error("parse_hex_ids: offsets out of the data's bounds");
-  const uint8_t* bits = nullptr;
-  py::array_t<uint8_t, py::array::c_style> vb;
-  if (!validity.is_none()) {
-    vb = validity.cast<py::array_t<uint8_t, py::array::c_style>>();
-    if (static_cast<size_t>(vb.size()) * 8 < static_cast<size_t>(bit_offset) + n)
-      throw py::value_error("parse_hex_ids: validity bitmap too short");
-    bits = vb.data();
-  }
-  py::array_t<int64_t> values(static_cast<py::ssize_t>(n));
-  py::array_t<bool> keep(static_cast<py::ssize_t>(n));
-  std::vector<int64_t> bad;
-  size_t m;
-  {
-    py::gil_scoped_release nogil;
-    m = recflash::ingest::ParseHexIds(off, data.data(), bits, bit_offset, n, values.mutable_data(),
-                                      reinterpret_cast<uint8_t*>(keep.mutable_data()), &bad);
-  }
-  values.resize({static_cast<py::ssize_t>(m)});
-  py::object keep_out = m == n ? py::object(py::none()) : py::object(keep);
-  py::object bad_out = py::none();
-  if (!bad.empty()) {
-    py::array_t<int64_t> b(static_cast<py::ssize_t>(bad.size()));
-    std::memcpy(b.mutable_data(), bad.data(), bad.size() * 8);
-    bad_out = b;
-  }
-  return py::make_tuple(values, keep_out, bad_out);
-}
-
-// parse_criteo_block(data: buffer, has_label) -> None (not for the fast path: use the general
-// parser) or (rows, [(values, present bool[rows] | None), ...] one per field in layout order;
-// the label's values are float32, the others int64).
-py::object ParseCriteoBlockPy(py::buffer data, bool has_label) {
-  py::buffer_info info = data.request();
-  const auto* p = static_cast<const uint8_t*>(info.ptr);
-  const size_t n = static_cast<size_t>(info.size * info.itemsize);
-  recflash::ingest::CriteoColumns cols;
-  bool ok;
-  {
-    py::gil_scoped_release nogil;
-    ok = recflash::ingest::ParseCriteoBlock(p, n, has_label, &cols);
-  }
-  if (!ok) return py::none();
-  py::list fields;
-  for (size_t f = 0; f < cols.values.size(); f++) {
-    py::object values;
-    if (has_label && f == 0) {
-      py::array_t<float> a(static_cast<py::ssize_t>(cols.labels.size()));
-      std::memcpy(a.mutable_data(), cols.labels.data(), cols.labels.size() * sizeof(float));
-      values = a;
-    } else {
-      py::array_t<int64_t> a(static_cast<py::ssize_t>(cols.values[f].size()));
-      std::memcpy(a.mutable_data(), cols.values[f].data(), cols.values[f].size() * 8);
-      values = a;
-    }
-    py::object present = py::none();
-    if (cols.missing[f]) {
-      py::array_t<bool> m(static_cast<py::ssize_t>(cols.rows));
-      std::memcpy(m.mutable_data(), cols.present[f].data(), cols.rows);
-      present = m;
-    }
-    fields.append(py::make_tuple(values, present));
-  }
-  return py::make_tuple(cols.rows, fields);
-}
-
-// count_lines(data: buffer) -> lines (newlines, plus a last line without one)
-size_t CountLinesPy(py::buffer data) {
-  py::buffer_info info = data.request();
-  py::gil_scoped_release nogil;
-  return recflash::ingest::CountLines(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
-}
-
-// Sets `field` from options[key] when present (options dicts come from Python dataclasses).
-template <typename T>
-void GetOpt(const py::dict& options, const char* key, T& field) {
-  if (options.contains(key)) field = options[key].cast<T>();
-}
+#define RF_OPTION(key, field) \
+  { key, [](StoreOptions& o, const py::handle& v) { o.field = v.cast<decltype(o.field)>(); } }
+const OptionField kStoreOptions[] = {
+    RF_OPTION("page_size", page_size),
+    RF_OPTION("write_buffer_bytes", write_buffer_bytes),
+    RF_OPTION("direct_io", direct_io),
+    RF_OPTION("accounting", accounting),
+    RF_OPTION("read_only", read_only),
+    RF_OPTION("compact_pages", compact_pages),
+    RF_OPTION("sync_on_write", sync_on_write),
+    RF_OPTION("bulk_load", bulk_load),
+    RF_OPTION("queue_depth", queue_depth),
+    RF_OPTION("max_io_bytes", max_io_bytes),
+    RF_OPTION("verify_block_reads", verify_block_reads),
+    RF_OPTION("pinner_enabled", pinner.enabled),
+    RF_OPTION("pin_budget_frac", pinner.budget_frac),
+    RF_OPTION("pin_threshold_frac", pinner.threshold_frac),
+    RF_OPTION("pin_max_features", pinner.max_features),
+    RF_OPTION("pin_max_flushes", pinner.max_flushes),
+    RF_OPTION("merger_enabled", merger.enabled),
+    RF_OPTION("merge_threshold", merger.threshold),
+    RF_OPTION("merge_low_benefit_frac", merger.low_benefit_frac),
+    RF_OPTION("merge_target_frac", merger.target_frac),
+    RF_OPTION("merge_min_slack_pages", merger.min_slack_pages),
+    RF_OPTION("reclaim_enabled", reclaim.enabled),
+    RF_OPTION("space_amp_limit", reclaim.space_amp_limit),
+    RF_OPTION("space_amp_target", reclaim.space_amp_target),
+};
+#undef RF_OPTION
 
 StoreOptions OptionsFromDict(const py::dict& d) {
   StoreOptions o;
-  auto get = [&](const char* k, auto& field) { GetOpt(d, k, field); };
-  get("page_size", o.page_size);
-  get("write_buffer_bytes", o.write_buffer_bytes);
-  get("direct_io", o.direct_io);
-  get("accounting", o.accounting);
-  get("read_only", o.read_only);
-  get("compact_pages", o.compact_pages);
-  get("sync_on_write", o.sync_on_write);
-  get("bulk_load", o.bulk_load);
-  get("queue_depth", o.queue_depth);
-  get("max_io_bytes", o.max_io_bytes);
-  get("verify_block_reads", o.verify_block_reads);
-  get("pinner_enabled", o.pinner.enabled);
-  get("pin_budget_frac", o.pinner.budget_frac);
-  get("pin_threshold_frac", o.pinner.threshold_frac);
-  get("pin_max_features", o.pinner.max_features);
-  get("pin_max_flushes", o.pinner.max_flushes);
-  get("merger_enabled", o.merger.enabled);
-  get("merge_threshold", o.merger.threshold);
-  get("merge_low_benefit_frac", o.merger.low_benefit_frac);
-  get("merge_target_frac", o.merger.target_frac);
-  get("merge_min_slack_pages", o.merger.min_slack_pages);
-  get("reclaim_enabled", o.reclaim.enabled);
-  get("space_amp_limit", o.reclaim.space_amp_limit);
-  get("space_amp_target", o.reclaim.space_amp_target);
+  for (const auto& [key, value] : d) {
+    const std::string k = py::str(key);
+    const OptionField* f = nullptr;
+    for (const OptionField& x : kStoreOptions)
+      if (k == x.name) f = &x;
+    if (!f) {
+      std::string known;
+      for (const OptionField& x : kStoreOptions) known += (known.empty() ? "" : ", ") + std::string(x.name);
+      Raise(Status::InvalidArgument("unknown store option '" + k + "' (known: " + known + ")"));
+    }
+    try {
+      f->set(o, value);
+    } catch (const py::cast_error&) {
+      Raise(Status::InvalidArgument("store option '" + k + "' cannot be " +
+                                    std::string(py::str(py::type::handle_of(value).attr("__name__"))) + " " +
+                                    std::string(py::repr(value))));
+    }
+  }
   return o;
+}
+
+// parse_value_type(s) -> (canonical type string, dim): the one parser of type strings.
+py::tuple ParseValueTypePy(const std::string& s) {
+  FeatureDef d;
+  Check(ParseValueType(s, &d.type, &d.dim));
+  return py::make_tuple(d.TypeString(), d.dim);
 }
 
 class PyStore {
@@ -412,13 +288,6 @@ class PyStore {
     return pages;
   }
 
-  py::tuple Sls(const py::list& requests, bool vector_grained) {
-    ndp::SlsOptions o;
-    o.vector_grained = vector_grained;
-    ndp::SlsEngine engine(s_.get(), o);
-    return RunSls(s_.get(), &engine, requests);
-  }
-
   Store* store() { return s_.get(); }
 
   // (min_key, max_key, items) per page of the feature, ascending by min_key.
@@ -459,57 +328,15 @@ class PyStore {
   std::unique_ptr<Store> s_;
 };
 
-// An SLS engine with caches, bound to an open store (kept alive by the Python object).
-class PySlsEngine {
- public:
-  PySlsEngine(py::object store, const py::dict& opts) : store_obj_(store) {
-    store_ = store.cast<PyStore&>().store();
-    ndp::SlsOptions o;
-    auto get = [&](const char* k, auto& field) { GetOpt(opts, k, field); };
-    get("vector_grained", o.vector_grained);
-    get("row_cache_bytes", o.row_cache_bytes);
-    get("hot_rows_bytes", o.hot_rows_bytes);
-    get("pooled_cache_bytes", o.pooled_cache_bytes);
-    get("pooled_min_bag", o.pooled_min_bag);
-    get("device_cache_bytes", o.device_cache_bytes);
-    get("expected_tables", o.expected_tables);
-    engine_ = std::make_unique<ndp::SlsEngine>(store_, o);
-  }
-  py::tuple Run(const py::list& requests) { return RunSls(store_, engine_.get(), requests); }
-  void Profile(const py::list& requests) {
-    ParsedRequests pr = ParseSls(store_, requests);
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = engine_->Profile(pr.reqs);
-    }
-    Check(st);
-  }
-  void Invalidate(const std::string& table, py::array_t<uint64_t, py::array::c_style> ids) {
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = engine_->Invalidate(table, ids.data(), ids.size());
-    }
-    Check(st);
-  }
-  std::string CacheStats() { return engine_->CacheStatsJson(); }
-
- private:
-  py::object store_obj_;
-  Store* store_;
-  std::unique_ptr<ndp::SlsEngine> engine_;
-};
-
 }  // namespace
 
-PYBIND11_MODULE(_native, m) {
-  m.doc() = "recflash storage engine (C++20, io_uring, O_DIRECT, RocksDB metadata)";
-  m.def("parse_criteo_block", &ParseCriteoBlockPy, py::arg("data"), py::arg("has_label"),
-        "Criteo TSV block -> columns, or None outside the fast path; see ingest/csrc/criteo_tsv.h");
-  m.def("count_lines", &CountLinesPy, py::arg("data"));
-  m.def("parse_hex_ids", &ParseHexIdsPy, py::arg("offsets"), py::arg("data"), py::arg("validity"),
-        py::arg("bit_offset"), "Hex id strings (Arrow string buffers) -> int64 values; see ingest/csrc/hex_ids.h");
+Store* StoreOf(const py::object& native_store) {
+  if (!py::isinstance<PyStore>(native_store))
+    throw py::type_error("expected a recflash._native.Store, got " + std::string(py::str(py::type::handle_of(native_store).attr("__name__"))));
+  return native_store.cast<PyStore&>().store();
+}
+
+void InitReader(py::module_& m) {
   py::class_<PyStore>(m, "Store")
       .def_static("open", &PyStore::Open, py::arg("path"), py::arg("options"))
       .def("create_feature", &PyStore::CreateFeature)
@@ -528,17 +355,21 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("read_only", &PyStore::read_only)
       .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
       .def("verify_rows", &PyStore::VerifyRows, py::arg("feature"))
-      .def("sls", &PyStore::Sls, py::arg("requests"), py::arg("vector_grained") = true)
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);
-  py::class_<PySlsEngine>(m, "SlsEngine")
-      .def(py::init<py::object, const py::dict&>(), py::arg("store"), py::arg("options"))
-      .def("run", &PySlsEngine::Run)
-      .def("profile", &PySlsEngine::Profile)
-      .def("invalidate", &PySlsEngine::Invalidate)
-      .def("cache_stats", &PySlsEngine::CacheStats);
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
+  py::list option_names;
+  for (const OptionField& x : kStoreOptions) option_names.append(x.name);
+  m.attr("STORE_OPTION_NAMES") = option_names;
+  m.def("parse_value_type", &ParseValueTypePy, py::arg("type"),
+        "Type string -> (canonical type string, dim); SchemaError for an unknown type");
+  py::list codes;
+  for (const Status::CodeInfo& c : Status::Codes()) codes.append(py::make_tuple(c.code, c.name, c.python_class));
+  m.attr("STATUS_CODES") = codes;
+  py::dict names;
+  for (const auto& [role, name] : StoreFileNames()) names[py::str(role)] = name;
+  m.attr("FILE_NAMES") = names;
   // Test-only: "reverse" delivers each window of io_uring completions in descending request
   // order (see IoRing::CompletionOrder); "arrival" restores the kernel's order.
   m.def("_set_io_completion_order", [](const std::string& order) {
@@ -547,3 +378,5 @@ PYBIND11_MODULE(_native, m) {
     else throw py::value_error("completion order must be 'arrival' or 'reverse', got '" + order + "'");
   });
 }
+
+}  // namespace recflash::bind

@@ -9,11 +9,34 @@ Status Status::FromErrno(const std::string& what, const std::string& path, int e
                                     " (errno " + std::to_string(err) + ")");
 }
 
+std::string Status::CodeName(Code c) {
+  switch (c) {
+    case Code::kOk:
+      return "OK";
+#define RF_STATUS_NAME(name, py) \
+  case Code::k##name:            \
+    return #name;
+    RECFLASH_STATUS_CODES(RF_STATUS_NAME)
+#undef RF_STATUS_NAME
+    default:
+      return "Unknown(" + std::to_string(static_cast<int>(c)) + ")";
+  }
+}
+
 std::string Status::ToString() const {
-  static const char* kNames[] = {"OK",          "UnknownFeature", "FeatureExists", "Schema",
-                                 "InvalidArgument", "TooLarge",   "NotAStore",     "Corruption",
-                                 "Locked",      "Closed",         "IOError"};
-  return std::string(kNames[static_cast<int>(code_)]) + ": " + msg_;
+  if (ok()) return "OK";
+  return CodeName(code_) + ": " + msg_;
+}
+
+const std::vector<Status::CodeInfo>& Status::Codes() {
+  static const std::vector<CodeInfo> kCodes = [] {
+    std::vector<CodeInfo> v;
+#define RF_STATUS_INFO(name, py) v.push_back({static_cast<int>(Code::k##name), #name, py});
+    RECFLASH_STATUS_CODES(RF_STATUS_INFO)
+#undef RF_STATUS_INFO
+    return v;
+  }();
+  return kCodes;
 }
 
 }  // namespace recflash

@@ -3,41 +3,40 @@
 #pragma once
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace recflash {
 
+// Every status code but OK, once: X(Name, python_class). The list generates the enum, the factory
+// functions, ToString and the table the Python side maps to exception classes
+// (recflash._native.STATUS_CODES, checked against recflash.reader.errors at import). A new
+// code is one line here plus its class in reader/errors.py.
+#define RECFLASH_STATUS_CODES(X)                                                            \
+  X(UnknownFeature, "UnknownFeatureError")                                                  \
+  X(FeatureExists, "FeatureExistsError")                                                    \
+  X(Schema, "SchemaError")                                                                  \
+  X(InvalidArgument, "InvalidArgumentError")                                                \
+  X(TooLarge, "ValueTooLargeError")                                                         \
+  X(NotAStore, "NotAStoreError")                                                            \
+  X(Corruption, "CorruptionError")                                                          \
+  X(Locked, "StoreLockedError")                                                             \
+  X(Closed, "StoreClosedError")                                                             \
+  X(IOError, "IOError_")                                                                    \
+  X(ReadOnly, "ReadOnlyError")     /* a write on a store opened read-only */                \
+  X(Stale, "StaleSnapshotError")   /* a read-only handle's snapshot no longer matches: reopen */
+
 class Status {
  public:
-  enum class Code : int {
-    kOk = 0,
-    kUnknownFeature,
-    kFeatureExists,
-    kSchema,
-    kInvalidArgument,
-    kTooLarge,
-    kNotAStore,
-    kCorruption,
-    kLocked,
-    kClosed,
-    kIOError,
-    kReadOnly,  // a write on a store opened read-only
-    kStale,     // a read-only handle's snapshot no longer matches the page file: reopen
-  };
+#define RF_STATUS_ENUM(name, py) k##name,
+  enum class Code : int { kOk = 0, RECFLASH_STATUS_CODES(RF_STATUS_ENUM) };
+#undef RF_STATUS_ENUM
 
   Status() = default;
   static Status OK() { return Status(); }
-  static Status UnknownFeature(std::string m) { return Status(Code::kUnknownFeature, std::move(m)); }
-  static Status FeatureExists(std::string m) { return Status(Code::kFeatureExists, std::move(m)); }
-  static Status Schema(std::string m) { return Status(Code::kSchema, std::move(m)); }
-  static Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
-  static Status TooLarge(std::string m) { return Status(Code::kTooLarge, std::move(m)); }
-  static Status NotAStore(std::string m) { return Status(Code::kNotAStore, std::move(m)); }
-  static Status Corruption(std::string m) { return Status(Code::kCorruption, std::move(m)); }
-  static Status Locked(std::string m) { return Status(Code::kLocked, std::move(m)); }
-  static Status Closed(std::string m) { return Status(Code::kClosed, std::move(m)); }
-  static Status IOError(std::string m) { return Status(Code::kIOError, std::move(m)); }
-  static Status ReadOnly(std::string m) { return Status(Code::kReadOnly, std::move(m)); }
-  static Status Stale(std::string m) { return Status(Code::kStale, std::move(m)); }
+#define RF_STATUS_FACTORY(name, py) \
+  static Status name(std::string m) { return Status(Code::k##name, std::move(m)); }
+  RECFLASH_STATUS_CODES(RF_STATUS_FACTORY)
+#undef RF_STATUS_FACTORY
   // An IOError from errno, naming the call and the path.
   static Status FromErrno(const std::string& what, const std::string& path, int err);
 
@@ -45,6 +44,15 @@ class Status {
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
   std::string ToString() const;
+  // "Corruption", ...; "Unknown(<n>)" for a value outside the list.
+  static std::string CodeName(Code c);
+  // (code, name, Python exception class) of every code but OK, in code order.
+  struct CodeInfo {
+    int code;
+    const char* name;
+    const char* python_class;
+  };
+  static const std::vector<CodeInfo>& Codes();
 
  private:
   Status(Code c, std::string m) : code_(c), msg_(std::move(m)) {}

@@ -171,7 +171,7 @@ Status Store::Close() {
   if (o_.read_only) {
     std::unique_lock<std::mutex> l(mu_);
     closed_ = true;
-    readers_cv_.wait(l, [&] { return readers_.empty(); });
+    versions_.WaitForNoReaders(l);
   } else {
     std::lock_guard<std::mutex> wl(write_mu_);
     if (bg_error_.ok()) s = FlushLocked(true);
@@ -180,10 +180,10 @@ Status Store::Close() {
     if (s.ok() && !o_.accounting) s = WriteCheckpoint();
     // Block checksums are a cache of verified page contents: losing them only costs a
     // whole-page read per page later, so a failure to save them does not fail the close.
-    if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(path_ + "/BLOCKSUMS");
+    if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(StoreFileName(path_, FileKind::kBlockSums));
     std::unique_lock<std::mutex> l(mu_);
     closed_ = true;
-    readers_cv_.wait(l, [&] { return readers_.empty(); });
+    versions_.WaitForNoReaders(l);
   }
   wal_.Close();
   file_.Close();

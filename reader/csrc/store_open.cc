@@ -62,14 +62,14 @@ Status Store::OpenImpl(const std::string& path) {
     return Status::NotAStore("'" + path + "' is not a recflash store: it exists and is not a directory");
   if (o_.read_only && o_.accounting)
     return Status::InvalidArgument("store '" + path + "': read_only and accounting cannot be combined");
-  if (o_.read_only && !fs::exists(root / kMarkerName, ec))
-    return Status::NotAStore("'" + path + "' is not a recflash store (no " + kMarkerName +
+  if (o_.read_only && !fs::exists(StoreFileName(path, FileKind::kMarker), ec))
+    return Status::NotAStore("'" + path + "' is not a recflash store (no " + FileBaseName(FileKind::kMarker) +
                              " marker): a read-only open needs an existing store");
   if (!fs::exists(root, ec)) {
     fs::create_directories(root, ec);
     if (ec) return Status::IOError("cannot create store directory '" + path + "': " + ec.message());
   }
-  const fs::path marker = root / kMarkerName;
+  const fs::path marker = StoreFileName(path, FileKind::kMarker);
   if (!fs::exists(marker, ec)) {
     std::vector<std::string> found;
     for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -78,10 +78,10 @@ Status Store::OpenImpl(const std::string& path) {
     if (!found.empty()) {
       std::string list;
       for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
-      return Status::NotAStore("'" + path + "' is not a recflash store: no " + kMarkerName +
+      return Status::NotAStore("'" + path + "' is not a recflash store: no " + FileBaseName(FileKind::kMarker) +
                                " marker, and the directory is not empty (" + list + ")");
     }
-    const std::string tmp = (root / "RECFLASH.tmp").string();
+    const std::string tmp = StoreFileName(path, FileKind::kMarkerTemp);
     {
       std::ofstream m(tmp, std::ios::trunc);
       m << kMarkerMagic << "\nformat " << kFormatVersion << "\npage_size " << ps << "\n";
@@ -114,9 +114,9 @@ Status Store::OpenImpl(const std::string& path) {
   if (o_.read_only) {
     // No LOCK: readers coexist with each other and with one writer. Safety comes from the
     // snapshot (metadata as of the open) and the per-read seq check, not from locking.
-    wal_dir_ = (root / "wal").string();
-    RF_RETURN_IF_ERROR(meta_.Open((root / "meta").string(), false, true));
-    pages_path_ = (root / "pages.dat").string();
+    wal_dir_ = StoreFileName(path, FileKind::kWalDir);
+    RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true));
+    pages_path_ = StoreFileName(path, FileKind::kPages);
     RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io, true));
     const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
     rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
@@ -125,7 +125,7 @@ Status Store::OpenImpl(const std::string& path) {
     return RecoverReadOnly();
   }
 
-  const std::string lock_path = (root / "LOCK").string();
+  const std::string lock_path = StoreFileName(path, FileKind::kLock);
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) return Status::FromErrno("open", lock_path, errno);
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -135,11 +135,11 @@ Status Store::OpenImpl(const std::string& path) {
                           "another Store object in this process)");
   }
 
-  wal_dir_ = (root / "wal").string();
+  wal_dir_ = StoreFileName(path, FileKind::kWalDir);
   fs::create_directories(wal_dir_, ec);
   if (ec) return Status::IOError("cannot create '" + wal_dir_ + "': " + ec.message());
-  RF_RETURN_IF_ERROR(meta_.Open((root / "meta").string(), true));
-  pages_path_ = (root / "pages.dat").string();
+  RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), true));
+  pages_path_ = StoreFileName(path, FileKind::kPages);
   RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io));
   const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
   rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
@@ -188,7 +188,7 @@ Status Store::Recover() {
     if (!pages_.at(p).live) pages_.AddFree(p);
 
   opened_from_checkpoint_ = LoadCheckpoint();
-  const std::string ckpt = path_ + "/CHECKPOINT";
+  const std::string ckpt = StoreFileName(path_, FileKind::kCheckpoint);
   if (fs::exists(ckpt)) {
     ::unlink(ckpt.c_str());
     RF_RETURN_IF_ERROR(SyncDir(path_));
@@ -203,7 +203,7 @@ Status Store::Recover() {
   wal_number_ = std::max(max_no, pstate_.wal_start - 1) + 1;
   RF_RETURN_IF_ERROR(wal_.Open(WalFileName(wal_dir_, wal_number_)));
   RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
-  current_ = BuildVersion(1);
+  versions_.InstallLocked(BuildVersion(1, features_, pages_));  // no reader yet: mu_ not needed
   recovery_seconds_ = Now() - t0;
   std::lock_guard<std::mutex> wl(write_mu_);
   if (buffer_.bytes() >= o_.write_buffer_bytes) return FlushLocked(false);
@@ -236,7 +236,7 @@ Status Store::RecoverReadOnly() {
   key_index_ready_ = false;
   uint64_t max_no = 0;
   RF_RETURN_IF_ERROR(ReplayWal(&max_no));
-  current_ = BuildVersion(1);
+  versions_.InstallLocked(BuildVersion(1, features_, pages_));  // no reader yet: mu_ not needed
   recovery_seconds_ = Now() - t0;
   return Status::OK();
 }
@@ -271,9 +271,9 @@ Status Store::EnsureKeyIndex() {
     Status s = RebuildFromPages();
     if (!s.ok()) return ExplainReadFailure(s);
   }
-  auto v = BuildVersion(current_->number + 1);
+  auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
   std::lock_guard<std::mutex> l(mu_);
-  current_ = v;
+  versions_.InstallLocked(v);
   key_index_ready_ = true;
   return Status::OK();
 }
@@ -308,7 +308,7 @@ Status Store::ExplainReadFailure(const Status& s) {
   // twice, since a writer commits its metadata only after its pages are durable.
   for (int i = 0; i < 2; i++) {
     PersistentState now;
-    if (MetaStore::ReadCurrentState(path_ + "/meta", &now).ok() && now.next_seq != pstate_.next_seq)
+    if (MetaStore::ReadCurrentState(StoreFileName(path_, FileKind::kMetaDir), &now).ok() && now.next_seq != pstate_.next_seq)
       return Status::Stale("store '" + path_ + "' was changed by a writer since this read-only handle opened (" +
                            s.message() + "); reopen the store to read the current data");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -316,6 +316,9 @@ Status Store::ExplainReadFailure(const Status& s) {
   return s;
 }
 
+// About 150 lines on purpose: deciding which features stay deferred, reading the other
+// features' pages, resolving the newest version per key and retiring emptied segments form one
+// pass over the same per-feature record lists; recovery reads best as one sequence.
 Status Store::RebuildFromPages() {
   struct R {
     uint64_t key;
@@ -474,7 +477,7 @@ constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": com
 
 Status Store::WriteCheckpoint() {
   // Streamed a feature at a time (a large key index is not copied whole), crc32c over all.
-  const std::string tmp = path_ + "/CHECKPOINT.tmp";
+  const std::string tmp = StoreFileName(path_, FileKind::kCheckpointTemp);
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return Status::FromErrno("open", tmp, errno);
   uint32_t crc = 0;
@@ -516,12 +519,12 @@ Status Store::WriteCheckpoint() {
   ok = ok && std::fwrite(out.data(), 1, out.size(), f) == out.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   std::fclose(f);
   if (!ok) return Status::IOError("cannot write checkpoint '" + tmp + "'");
-  if (::rename(tmp.c_str(), (path_ + "/CHECKPOINT").c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
+  if (::rename(tmp.c_str(), StoreFileName(path_, FileKind::kCheckpoint).c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
   return SyncDir(path_);
 }
 
 bool Store::LoadCheckpoint() {
-  std::ifstream in(path_ + "/CHECKPOINT", std::ios::binary);
+  std::ifstream in(StoreFileName(path_, FileKind::kCheckpoint), std::ios::binary);
   if (!in) return false;
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (data.size() < 4) return false;
@@ -610,36 +613,12 @@ Status Store::ReplayWal(uint64_t* max_number) {
         name,
         [&](uint8_t type, const std::string& p) -> Status {
           if (type != kWalBatch) return Status::Corruption("unknown WAL record type in '" + name + "'");
-          if (p.size() < 13) return Status::Corruption("short WAL record in '" + name + "'");
-          uint8_t op = static_cast<uint8_t>(p[0]);
-          uint32_t fid, n, width;
-          std::memcpy(&fid, p.data() + 1, 4);
-          std::memcpy(&n, p.data() + 5, 4);
-          std::memcpy(&width, p.data() + 9, 4);
-          FeatureState* f = features_.Get(fid);
-          if (!f) return Status::Corruption("WAL record in '" + name + "' names unknown feature id " + std::to_string(fid));
-          size_t pos = 13;
-          if (p.size() < pos + 8ull * n) return Status::Corruption("truncated WAL record in '" + name + "'");
-          std::vector<uint64_t> keys(n);
-          std::memcpy(keys.data(), p.data() + pos, 8ull * n);
-          pos += 8ull * n;
-          FeatureBuffer& fb = buffer_.feature(fid);
-          if (op == kOpDelete) {
-            fb.Append(keys.data(), n, nullptr, nullptr, width, true);
-          } else if (width) {
-            if (p.size() < pos + static_cast<size_t>(n) * width) return Status::Corruption("truncated WAL record in '" + name + "'");
-            fb.Append(keys.data(), n, reinterpret_cast<const uint8_t*>(p.data() + pos), nullptr, width, false);
-          } else {
-            std::vector<int64_t> offs(n + 1, 0);
-            for (uint32_t i = 0; i < n; i++) {
-              uint32_t len;
-              std::memcpy(&len, p.data() + pos + 4ull * i, 4);
-              offs[i + 1] = offs[i] + len;
-            }
-            pos += 4ull * n;
-            if (p.size() < pos + static_cast<size_t>(offs[n])) return Status::Corruption("truncated WAL record in '" + name + "'");
-            fb.Append(keys.data(), n, reinterpret_cast<const uint8_t*>(p.data() + pos), offs.data(), 0, false);
-          }
+          DecodedBatch d;
+          RF_RETURN_IF_ERROR(DecodeBatch(p, name, &d));
+          if (!features_.Get(d.fid))
+            return Status::Corruption("WAL record in '" + name + "' names unknown feature id " + std::to_string(d.fid));
+          buffer_.feature(d.fid).Append(d.keys.data(), d.n, d.values, d.offsets.empty() ? nullptr : d.offsets.data(),
+                                        d.width, d.is_delete());
           recovered_wal_records_++;
           return Status::OK();
         },

@@ -69,6 +69,10 @@ Status Store::MaintainLocked() {
   return Status::OK();
 }
 
+// About 150 lines on purpose: its phases (collect the valid records from pages or, in
+// accounting mode, from the key index; drop covered tombstones; write; commit; install) all
+// work on one set of moved records, their value arena and the map of source pages, and the
+// crash ordering (pages durable -> metadata commit -> install -> release) reads top to bottom.
 Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   const uint32_t ps = o_.page_size;
   std::map<uint32_t, std::vector<uint32_t>> want;  // page -> features to move out of it
@@ -202,11 +206,10 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   index_lock.unlock();
   RF_RETURN_IF_ERROR(CommitLocked(dirty, freed));
   {
-    auto v = BuildVersion(current_->number + 1);
+    auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
     std::lock_guard<std::mutex> l(mu_);
-    current_ = v;
+    versions_.InstallLocked(v, freed);
     index_ahead_ = false;
-    for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
   }
   if (merge) {
     auto& st = merger_.stats();

@@ -26,76 +26,6 @@ namespace recflash {
 namespace fs = std::filesystem;
 using namespace store_internal;
 
-namespace store_internal {
-
-// WAL payload of one put/delete call:
-//   u8 op | u32 fid | u32 n | u32 width | u64 keys[n] | (variable put) u32 lens[n] | values
-std::string EncodeBatch(uint8_t op, uint32_t fid, const uint64_t* keys, size_t n, uint32_t width,
-                        const uint8_t* values, const int64_t* offsets) {
-  std::string p;
-  p.reserve(17 + n * 12 + (op == kOpPut ? (width ? n * width : offsets[n] - offsets[0]) : 0));
-  Append(&p, op);
-  Append(&p, fid);
-  Append(&p, static_cast<uint32_t>(n));
-  Append(&p, width);
-  p.append(reinterpret_cast<const char*>(keys), n * 8);
-  if (op == kOpPut) {
-    if (width) {
-      p.append(reinterpret_cast<const char*>(values), n * width);
-    } else {
-      for (size_t i = 0; i < n; i++) Append(&p, static_cast<uint32_t>(offsets[i + 1] - offsets[i]));
-      p.append(reinterpret_cast<const char*>(values) + offsets[0], offsets[n] - offsets[0]);
-    }
-  }
-  return p;
-}
-
-// The same payload as EncodeBatch, as pieces pointing at the caller's arrays (no copy).
-void BatchParts(uint8_t op, uint32_t fid, const uint64_t* keys, size_t n, uint32_t width, const uint8_t* values,
-                const int64_t* offsets, uint8_t header[13], std::vector<uint32_t>* lens, std::vector<iovec>* parts,
-                size_t* bytes) {
-  const uint32_t n32 = static_cast<uint32_t>(n);
-  header[0] = op;
-  std::memcpy(header + 1, &fid, 4);
-  std::memcpy(header + 5, &n32, 4);
-  std::memcpy(header + 9, &width, 4);
-  parts->clear();
-  parts->push_back({header, 13});
-  parts->push_back({const_cast<uint64_t*>(keys), n * 8});
-  if (op == kOpPut) {
-    if (width) {
-      parts->push_back({const_cast<uint8_t*>(values), n * width});
-    } else {
-      lens->resize(n);
-      for (size_t i = 0; i < n; i++) (*lens)[i] = static_cast<uint32_t>(offsets[i + 1] - offsets[i]);
-      parts->push_back({lens->data(), n * 4});
-      parts->push_back({const_cast<uint8_t*>(values) + offsets[0], static_cast<size_t>(offsets[n] - offsets[0])});
-    }
-  }
-  *bytes = 0;
-  for (const iovec& v : *parts) *bytes += v.iov_len;
-}
-
-// Buffered items of one feature re-encoded as WAL payloads (puts and deletes separately).
-void EncodeBuffered(uint32_t fid, uint32_t width, const BufferedItems& b, std::vector<std::string>* out) {
-  std::vector<uint64_t> pk, dk;
-  std::vector<uint8_t> vals;
-  std::vector<int64_t> offs{0};
-  for (size_t i = 0; i < b.size(); i++) {
-    if (b.tomb[i]) {
-      dk.push_back(b.keys[i]);
-      continue;
-    }
-    pk.push_back(b.keys[i]);
-    vals.insert(vals.end(), b.value(i), b.value(i) + b.len[i]);
-    offs.push_back(static_cast<int64_t>(vals.size()));
-  }
-  if (!pk.empty()) out->push_back(EncodeBatch(kOpPut, fid, pk.data(), pk.size(), width, vals.data(), offs.data()));
-  if (!dk.empty()) out->push_back(EncodeBatch(kOpDelete, fid, dk.data(), dk.size(), width, nullptr, nullptr));
-}
-
-}  // namespace store_internal
-
 // ---------------------------------------------------------------------------------------
 // Write path
 
@@ -314,14 +244,13 @@ Status Store::FlushLocked(bool force) {
   {
     // Install: the flushed items leave the buffer in the same step that the version naming
     // their pages appears, so readers see them exactly once.
-    auto v = BuildVersion(current_->number + 1);
+    auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
     std::lock_guard<std::mutex> l(mu_);
     for (uint32_t fid : write_fids) buffer_.find(fid)->Clear();
     buffer_.TrimCapacity(o_.write_buffer_bytes);
     for (uint32_t fid : pinned) buffer_.find(fid)->pinned_flushes++;
-    current_ = v;
+    versions_.InstallLocked(v, freed);
     index_ahead_ = false;
-    for (uint32_t p : freed) pending_free_.emplace_back(v->number, p);
   }
   std::vector<uint64_t> numbers;
   if (rotate && ListWalFiles(wal_dir_, &numbers).ok())
@@ -591,50 +520,10 @@ Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint3
 }
 
 void Store::ReleasePendingLocked() {
-  std::vector<uint32_t> release;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    const uint64_t oldest = readers_.empty() ? UINT64_MAX : *readers_.begin();
-    auto it = std::partition(pending_free_.begin(), pending_free_.end(),
-                             [&](const std::pair<uint64_t, uint32_t>& e) { return e.first > oldest; });
-    for (auto j = it; j != pending_free_.end(); ++j) release.push_back(j->second);
-    pending_free_.erase(it, pending_free_.end());
-  }
-  std::sort(release.begin(), release.end());
-  for (const PageRun& r : CoalescePages(release, UINT32_MAX)) {
+  for (const PageRun& r : CoalescePages(versions_.TakeReleasable(), UINT32_MAX)) {
     if (!o_.accounting) file_.Punch(r.first, r.count);  // best effort: the slot is reusable either way
     for (uint32_t i = 0; i < r.count; i++) pages_.AddFree(r.first + i);
   }
-}
-
-std::shared_ptr<const Version> Store::BuildVersion(uint64_t number) {
-  auto v = std::make_shared<Version>();
-  v->number = number;
-  for (FeatureState* f : features_.All()) {
-    if (v->features.size() <= f->def.id) v->features.resize(f->def.id + 1);
-    auto refs = std::make_shared<std::vector<PageRef>>();
-    refs->reserve(f->pages.size());
-    for (uint32_t p : f->pages) {
-      const PageMeta& pm = pages_.at(p);
-      for (const auto& s : pm.segs)
-        if (s.fid == f->def.id && !s.retired && s.valid > 0)
-          refs->push_back({p, s.count, s.valid, s.tombs, pm.segs.size() == 1, pm.seq, s.min_key, s.max_key});
-    }
-    std::sort(refs->begin(), refs->end(), [](const PageRef& a, const PageRef& b) {
-      return a.min_key < b.min_key || (a.min_key == b.min_key && a.page < b.page);
-    });
-    v->features[f->def.id] = std::move(refs);
-  }
-  return v;
-}
-
-uint32_t Store::DeferredPage(const Version& v, uint32_t fid, uint64_t key) {
-  if (fid >= v.features.size() || !v.features[fid]) return UINT32_MAX;
-  const std::vector<PageRef>& refs = *v.features[fid];  // sorted by min_key, disjoint
-  auto it = std::upper_bound(refs.begin(), refs.end(), key, [](uint64_t k, const PageRef& r) { return k < r.min_key; });
-  if (it == refs.begin()) return UINT32_MAX;
-  --it;
-  return key <= it->max_key ? it->page : UINT32_MAX;
 }
 
 }  // namespace recflash

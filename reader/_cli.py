@@ -1,4 +1,5 @@
-"""Helpers shared by the ``recflash`` command groups: error reporting, opening a store, JSON.
+"""Helpers shared by the ``recflash`` command groups (the store is the layer every command group
+sits on, so they live here): error reporting, opening a store, JSON.
 
 Every command that touches a store runs inside :func:`store_errors`, so a store error becomes
 one red line on stderr and exit code 2, never a traceback.
@@ -21,8 +22,13 @@ from rich.table import Table
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
-EXIT_STORE_ERROR = 2  # a store error (RecflashError) or a path that is not a store
-EXIT_UNAVAILABLE = 1  # the engine could not be imported
+# One exit-code policy for every command (the top commands, ``import``, ``stats``, ``ndp``):
+EXIT_OK = 0
+EXIT_INTERNAL = 1     # the engine could not be imported, or an unexpected error (a bug: report it)
+EXIT_BAD_INPUT = 2    # a store error (RecflashError), a path that is not a store, bad input or options
+EXIT_INTERRUPTED = 130  # Ctrl-C (an import resumes when the same command runs again)
+EXIT_STORE_ERROR = EXIT_BAD_INPUT
+EXIT_UNAVAILABLE = EXIT_INTERNAL
 
 
 def fail(message: str, code: int = EXIT_STORE_ERROR) -> NoReturn:
@@ -60,13 +66,15 @@ def open_store(path: Path, *, read_only: bool = True, create: bool = False) -> A
     _reader_errors()
     try:
         from recflash.reader import Store, StoreOptions
+        from recflash.reader.store import FILE_NAMES
     except ImportError as e:
         fail(f"the recflash engine is not importable ({e}); run `make build`", EXIT_UNAVAILABLE)
     if not create:
         if not path.exists():
             fail(f"no store at {path}")
-        if not path.is_dir() or not (path / "RECFLASH").exists():
-            fail(f"{path} is not a recflash store (no RECFLASH marker)")
+        marker = FILE_NAMES["marker"]
+        if not path.is_dir() or not (path / marker).exists():
+            fail(f"{path} is not a recflash store (no {marker} marker)")
     options = StoreOptions()
     if read_only and hasattr(options, "read_only"):
         try:

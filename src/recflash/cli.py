@@ -3,7 +3,7 @@
 Commands here: ``version``, ``info STORE``. Command groups that live beside the code they
 drive are registered at the bottom of this module: ``import`` and ``stats``
 (:mod:`recflash.ingest.cli`); ``ndp serve`` / ``ndp status`` (:mod:`recflash.ndp.cli`). They share
-:mod:`recflash._cli_util` (``store_errors``, ``open_store``, ``fail``, ``jsonable``, tables).
+:mod:`recflash.reader._cli` (``store_errors``, ``open_store``, ``fail``, ``jsonable``, tables).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 import recflash
-from recflash._cli_util import (  # noqa: F401  (the table helpers are re-exported for callers)
+from recflash.reader._cli import (  # noqa: F401  (the table helpers are re-exported for callers)
     _INFO_FIGURES,
     _features_table,
     _stats_table,

@@ -1,0 +1,40 @@
+// ColumnData: what a read returns for one feature (keys, packed values, offsets), in
+// buffers that a Python binding hands to numpy without a copy.
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+namespace recflash {
+
+// Allocator for read results: large buffers are 2 MiB aligned and advised for transparent
+// huge pages, so filling a multi-GB scan result costs few page faults.
+template <typename T>
+struct HugeAlloc {
+  using value_type = T;
+  HugeAlloc() = default;
+  template <typename U>
+  HugeAlloc(const HugeAlloc<U>&) {}
+  T* allocate(size_t n);
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const HugeAlloc<U>&) const { return true; }
+};
+void* HugeAllocate(size_t bytes);
+template <typename T>
+T* HugeAlloc<T>::allocate(size_t n) {
+  return static_cast<T*>(HugeAllocate(n * sizeof(T)));
+}
+template <typename T>
+using HVec = std::vector<T, HugeAlloc<T>>;
+
+// Result of a read for one feature. Values of fixed-width types are packed; variable-width
+// ones are delimited by element offsets (Arrow list/binary offsets).
+struct ColumnData {
+  HVec<uint64_t> keys;
+  HVec<uint8_t> values;
+  std::vector<int32_t> offsets;  // variable-width types: size n + 1, in elements
+  std::vector<uint8_t> found;    // get(): 1 where the key has a value
+};
+
+}  // namespace recflash

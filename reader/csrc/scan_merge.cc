@@ -1,0 +1,377 @@
+#include "reader/csrc/scan_merge.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "reader/csrc/key_index.h"
+#include "reader/csrc/types.h"
+
+namespace recflash {
+
+namespace {
+
+// Page id -> position in a feature's page list: open addressing, a few ns per lookup
+// whatever the page ids (a flat table over the id range could be megabytes for a
+// three-page feature of a large store).
+class ChunkOfPage {
+ public:
+  explicit ChunkOfPage(const std::vector<PageRef>& refs) {
+    size_t cap = 16;
+    while (cap < 2 * refs.size()) cap <<= 1;
+    mask_ = cap - 1;
+    slots_.assign(cap, {UINT32_MAX, -1});
+    for (size_t j = 0; j < refs.size(); j++) {
+      size_t h = Hash(refs[j].page);
+      while (slots_[h].first != UINT32_MAX) h = (h + 1) & mask_;
+      slots_[h] = {refs[j].page, static_cast<int32_t>(j)};
+    }
+  }
+  int32_t Find(uint32_t page) const {
+    for (size_t h = Hash(page);; h = (h + 1) & mask_) {
+      if (slots_[h].first == page) return slots_[h].second;
+      if (slots_[h].first == UINT32_MAX) return -1;
+    }
+  }
+
+ private:
+  size_t Hash(uint32_t page) const { return (page * 0x9E3779B1u) & mask_; }
+  size_t mask_;
+  std::vector<std::pair<uint32_t, int32_t>> slots_;
+};
+
+}  // namespace
+
+void DecodeChunk(const SegmentView& sv, uint64_t seq, uint64_t lo, uint64_t hi, bool to_end, bool all_valid,
+                 PageChunk* c) {
+  c->keys.resize(sv.count);  // decoded in place; trimmed to [lo, hi) when partial
+  sv.DecodeKeys(c->keys.data());
+  const size_t a = sv.min_key < lo ? std::lower_bound(c->keys.begin(), c->keys.end(), lo) - c->keys.begin() : 0;
+  const size_t z = !to_end && sv.max_key >= hi ? std::lower_bound(c->keys.begin(), c->keys.end(), hi) - c->keys.begin()
+                                               : sv.count;
+  c->seq = seq;
+  c->enc = sv.bytes_per_record();
+  c->clean = all_valid && !sv.tomb;
+  if (z < sv.count) c->keys.resize(z);
+  if (a > 0) c->keys.erase(c->keys.begin(), c->keys.begin() + a);
+  if (sv.tomb) {
+    c->tomb.resize(z - a);
+    for (size_t r = a; r < z; r++) c->tomb[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
+  }
+  if (sv.width) {
+    c->vals.assign(sv.values + a * sv.width, sv.values + z * sv.width);
+  } else {
+    for (size_t r = a; r < z; r++) {
+      const uint8_t* p;
+      uint32_t len;
+      sv.Value(static_cast<uint32_t>(r), &p, &len);
+      c->vals.insert(c->vals.end(), p, p + len);
+      c->lens.push_back(len);
+    }
+  }
+}
+
+MergeSink::MergeSink(ColumnData* col_, uint32_t width, uint32_t elem_, const BufferedItems& buf_,
+                     const std::vector<PageChunk>& chunks)
+    : col(col_), w(width), elem(elem_), buf(buf_), cs(chunks) {
+  if (!w) {
+    voff.resize(cs.size());
+    for (size_t c = 0; c < cs.size(); c++) {
+      voff[c].resize(cs[c].lens.size() + 1, 0);
+      for (size_t r = 0; r < cs[c].lens.size(); r++) voff[c][r + 1] = voff[c][r] + cs[c].lens[r];
+    }
+  }
+  size_t total = 0, vbytes = 0;
+  for (const PageChunk& c : cs) {
+    total += c.keys.size();
+    vbytes += c.vals.size();
+  }
+  col->keys.reserve(total + buf.size());
+  col->values.reserve(vbytes + buf.arena.size());
+  if (!w) col->offsets.push_back(0);
+}
+
+void MergeSink::Reset() {
+  useful = 0;
+  encoded = 0;
+  col->keys.clear();
+  col->values.clear();
+  col->offsets.clear();
+  if (!w) col->offsets.push_back(0);
+  out_bytes = 0;
+  k = 0;
+}
+
+void MergeSink::EmitBuffered(size_t e) {
+  if (buf.tomb[e]) return;
+  col->keys.push_back(buf.keys[e]);
+  col->values.insert(col->values.end(), buf.value(e), buf.value(e) + buf.len[e]);
+  out_bytes += buf.len[e];
+  if (!w) col->offsets.push_back(static_cast<int32_t>(out_bytes / elem));
+}
+
+void MergeSink::CopyRecords(uint32_t c, uint32_t r0, uint32_t r1) {
+  const PageChunk& ch = cs[c];
+  if (r0 >= r1) return;
+  encoded += (r1 - r0) * ch.enc;
+  if (ch.tomb.empty()) {
+    col->keys.insert(col->keys.end(), ch.keys.begin() + r0, ch.keys.begin() + r1);
+    if (w) {
+      col->values.insert(col->values.end(), ch.vals.begin() + static_cast<size_t>(r0) * w,
+                         ch.vals.begin() + static_cast<size_t>(r1) * w);
+      out_bytes += static_cast<uint64_t>(r1 - r0) * w;
+      useful += static_cast<uint64_t>(r1 - r0) * ItemBytes(w);
+    } else {
+      col->values.insert(col->values.end(), ch.vals.begin() + voff[c][r0], ch.vals.begin() + voff[c][r1]);
+      for (uint32_t r = r0; r < r1; r++) {
+        out_bytes += ch.lens[r];
+        useful += ItemBytes(ch.lens[r]);
+        col->offsets.push_back(static_cast<int32_t>(out_bytes / elem));
+      }
+    }
+    return;
+  }
+  for (uint32_t r = r0; r < r1; r++) {
+    if (ch.tomb[r]) continue;
+    col->keys.push_back(ch.keys[r]);
+    const uint32_t len = w ? w : ch.lens[r];
+    const uint64_t off = w ? static_cast<uint64_t>(r) * w : voff[c][r];
+    col->values.insert(col->values.end(), ch.vals.begin() + off, ch.vals.begin() + off + len);
+    out_bytes += len;
+    useful += ItemBytes(len);
+    if (!w) col->offsets.push_back(static_cast<int32_t>(out_bytes / elem));
+  }
+}
+
+void MergeSink::EmitRun(uint32_t c, uint32_t r0, uint32_t r1) {
+  const PageChunk& ch = cs[c];
+  EmitBufferedBelow(ch.keys[r0]);
+  uint32_t r = r0;
+  while (r < r1) {
+    if (k < buf.size() && buf.keys[k] <= ch.keys[r1 - 1]) {
+      const uint64_t bk = buf.keys[k];
+      uint32_t rr = static_cast<uint32_t>(std::lower_bound(ch.keys.begin() + r, ch.keys.begin() + r1, bk) - ch.keys.begin());
+      CopyRecords(c, r, rr);
+      EmitBuffered(k++);
+      if (rr < r1 && ch.keys[rr] == bk) rr++;  // overridden by the buffer
+      r = rr;
+    } else {
+      CopyRecords(c, r, r1);
+      r = r1;
+    }
+  }
+}
+
+std::vector<uint32_t> ChunkOrder(const std::vector<PageChunk>& cs) {
+  std::vector<uint32_t> order;
+  for (uint32_t c = 0; c < cs.size(); c++)
+    if (!cs[c].keys.empty()) order.push_back(c);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t c) {
+    return cs[a].keys.front() < cs[c].keys.front() || (cs[a].keys.front() == cs[c].keys.front() && cs[a].seq > cs[c].seq);
+  });
+  return order;
+}
+
+bool MergeByIndex(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il, const std::vector<PageRef>& refs,
+                  MergeSink* sink) {
+  const std::vector<PageChunk>& cs = sink->cs;
+  const BufferedItems& b = sink->buf;
+  const ChunkOfPage chunk_of(refs);
+  std::vector<uint32_t> cur(cs.size(), 0);
+  const size_t nb = b.size();
+  size_t& k = sink->k;
+  // Each key's record is the next record of its page's chunk at or after that chunk's cursor
+  // (stale records are skipped on the way). on_buf(e) for a buffered entry (newer than any
+  // page), on_disk(c, r) for the record holding a key's current version.
+  auto walk = [&](auto&& on_buf, auto&& on_disk) -> bool {
+    for (size_t e = 0; e < ik.size(); e++) {
+      const uint64_t key = ik[e];
+      while (k < nb && b.keys[k] < key) on_buf(k++);
+      if (k < nb && b.keys[k] == key) {
+        on_buf(k++);
+        continue;
+      }
+      const uint32_t loc = il[e];
+      if (loc & KeyIndex::kTomb) continue;
+      const int32_t cj = chunk_of.Find(loc);
+      if (cj < 0) return false;
+      const uint32_t c = static_cast<uint32_t>(cj);
+      const PageChunk& ch = cs[c];
+      const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
+      uint32_t r = cur[c];
+      while (r < cn && ch.keys[r] < key) r++;
+      if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) return false;
+      cur[c] = r + 1;
+      on_disk(c, r);
+    }
+    while (k < nb) on_buf(k++);
+    return true;
+  };
+  const uint32_t w = sink->w;
+  if (!w) {
+    sink->col->keys.reserve(ik.size() + nb);
+    return walk([&](size_t e) { sink->EmitBuffered(e); }, [&](uint32_t c, uint32_t r) { sink->CopyRecords(c, r, r + 1); });
+  }
+  // Fixed width: the output sized for the worst case up front, written through raw pointers.
+  ColumnData& col = *sink->col;
+  col.keys.resize(ik.size() + nb);
+  col.values.resize((ik.size() + nb) * static_cast<size_t>(w));
+  uint64_t* kp = col.keys.data();
+  uint8_t* vp = col.values.data();
+  size_t o = 0, from_disk = 0;
+  auto put = [&](uint64_t key, const uint8_t* val) {
+    kp[o] = key;
+    if (w == 8) std::memcpy(vp + o * 8, val, 8);
+    else if (w == 4) std::memcpy(vp + o * 4, val, 4);
+    else std::memcpy(vp + o * w, val, w);
+    o++;
+  };
+  const bool ok = walk(
+      [&](size_t e) {
+        if (!b.tomb[e]) put(b.keys[e], b.value(e));
+      },
+      [&](uint32_t c, uint32_t r) {
+        const PageChunk& ch = cs[c];
+        sink->encoded += ch.enc;
+        from_disk++;
+        put(ch.keys[r], ch.vals.data() + static_cast<size_t>(r) * w);
+      });
+  if (ok) {
+    sink->useful += from_disk * ItemBytes(w);
+    col.keys.resize(o);
+    col.values.resize(o * static_cast<size_t>(w));
+  }
+  return ok;
+}
+
+bool MergeDense(const std::vector<uint32_t>& order, MergeSink* sink) {
+  const std::vector<PageChunk>& cs = sink->cs;
+  uint64_t kmin = UINT64_MAX, kmax = 0;
+  size_t total = 0;
+  for (uint32_t c : order) {
+    kmin = std::min(kmin, cs[c].keys.front());
+    kmax = std::max(kmax, cs[c].keys.back());
+    total += cs[c].keys.size();
+  }
+  if (!(order.size() > 1 && kmax - kmin < 2 * total + 4096)) return false;
+  // Windows of the key span bound the slot arrays' memory.
+  constexpr uint64_t kWindow = 1u << 22;
+  std::vector<uint32_t> by_seq(order);
+  std::sort(by_seq.begin(), by_seq.end(), [&](uint32_t a, uint32_t c) { return cs[a].seq < cs[c].seq; });
+  std::vector<uint32_t> wc(std::min<uint64_t>(kWindow, kmax - kmin + 1)), wr(wc.size());
+  std::vector<uint32_t> cur(cs.size(), 0);
+  const BufferedItems& b = sink->buf;
+  size_t& k = sink->k;
+  for (uint64_t wlo = kmin;; wlo += kWindow) {
+    const uint64_t span = std::min<uint64_t>(kWindow, kmax - wlo + 1);
+    std::fill(wc.begin(), wc.begin() + span, 0u);
+    for (uint32_t c : by_seq) {
+      const auto& ks = cs[c].keys;
+      uint32_t r = cur[c];
+      const uint32_t n = static_cast<uint32_t>(ks.size());
+      for (; r < n && ks[r] - wlo < span; r++) {
+        wc[ks[r] - wlo] = c + 1;
+        wr[ks[r] - wlo] = r;
+      }
+      cur[c] = r;
+    }
+    for (uint64_t x = 0; x < span; x++) {
+      if (!wc[x]) continue;
+      const uint64_t key = wlo + x;
+      sink->EmitBufferedBelow(key);
+      if (k < b.size() && b.keys[k] == key) {
+        sink->EmitBuffered(k++);  // the buffered write is newer
+        continue;
+      }
+      const uint32_t c = wc[x] - 1, r = wr[x];
+      if (!cs[c].tomb.empty() && cs[c].tomb[r]) continue;
+      sink->CopyRecords(c, r, r + 1);
+    }
+    if (kmax - wlo < kWindow) break;
+  }
+  return true;
+}
+
+void MergeHeap(const std::vector<uint32_t>& order, MergeSink* sink) {
+  const std::vector<PageChunk>& cs = sink->cs;
+  struct HE {
+    uint64_t key, seq;
+    uint32_t c;
+  };
+  auto later = [](const HE& a, const HE& b) { return a.key > b.key || (a.key == b.key && a.seq < b.seq); };
+  std::vector<HE> heap;
+  std::vector<uint32_t> pos(cs.size(), 0);
+  size_t nx = 0;
+  bool have_last = false;
+  uint64_t last = 0;
+  for (;;) {
+    while (nx < order.size() && (heap.empty() || cs[order[nx]].keys.front() <= heap.front().key)) {
+      const uint32_t c = order[nx++];
+      heap.push_back({cs[c].keys[0], cs[c].seq, c});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+    if (heap.empty()) break;
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const HE t = heap.back();
+    heap.pop_back();
+    const PageChunk& ch = cs[t.c];
+    const uint32_t r = pos[t.c];
+    const uint32_t n = static_cast<uint32_t>(ch.keys.size());
+    uint32_t r1 = r + 1;
+    if (have_last && ch.keys[r] == last) {
+      // an older version of a key already emitted
+    } else {
+      // The run extends while its keys stay below every other chunk's next key, so
+      // non-overlapping pages cost one bulk copy each.
+      uint64_t bound = UINT64_MAX;
+      if (!heap.empty()) bound = heap.front().key;
+      if (nx < order.size()) bound = std::min(bound, cs[order[nx]].keys.front());
+      r1 = static_cast<uint32_t>(std::lower_bound(ch.keys.begin() + r + 1, ch.keys.end(), bound) - ch.keys.begin());
+      sink->EmitRun(t.c, r, r1);
+      last = ch.keys[r1 - 1];
+      have_last = true;
+    }
+    pos[t.c] = r1;
+    if (r1 < n) {
+      heap.push_back({ch.keys[r1], ch.seq, t.c});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+  }
+}
+
+MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint32_t>* ilocs,
+                      const std::vector<PageRef>& refs, MergeSink* sink) {
+  MergeKind kind = MergeKind::kHeap;
+  if (ikeys) {
+    if (MergeByIndex(*ikeys, *ilocs, refs, sink)) return MergeKind::kIndex;
+    sink->Reset();
+    kind = MergeKind::kIndexFallback;
+  }
+  const std::vector<uint32_t> order = ChunkOrder(sink->cs);
+  if (MergeDense(order, sink)) {
+    if (kind != MergeKind::kIndexFallback) kind = MergeKind::kDense;
+  } else {
+    MergeHeap(order, sink);
+  }
+  sink->Finish();
+  return kind;
+}
+
+uint64_t CloseDirectGaps(const std::vector<uint64_t>& slot, const std::vector<std::pair<uint32_t, uint32_t>>& span,
+                         uint32_t w, ColumnData* col) {
+  // Only the first and last page can be partial: the rest move as whole blocks.
+  uint64_t wpos = 0;
+  for (size_t j = 0; j < slot.size(); j++) {
+    const auto [a, z] = span[j];
+    const uint64_t from = slot[j] + a;
+    if (from != wpos && z > a) {
+      std::memmove(col->keys.data() + wpos, col->keys.data() + from, (z - a) * 8ull);
+      std::memmove(col->values.data() + wpos * w, col->values.data() + from * w, static_cast<size_t>(z - a) * w);
+    }
+    wpos += z - a;
+  }
+  col->keys.resize(wpos);
+  col->values.resize(wpos * w);
+  return wpos;
+}
+
+}  // namespace recflash

@@ -1,0 +1,103 @@
+// Scan merge strategies as plain functions over page cursors (the LevelDB table/merger.cc
+// idea). A scan decodes each page's records of a feature within its key range into a
+// PageChunk; the functions here merge those chunks with the feature's buffered items into the
+// output in key order, the newest version of each key winning (buffered items are newer than
+// any page; between pages the higher seq wins) and tombstones hiding older versions. No I/O
+// and no store state: tests build chunks by hand.
+//
+// Strategies, tried in this order by MergeChunks:
+//   index  — the scan copied the feature's key index (it names the page of each key's current
+//            version): one pass in key order with a cursor per chunk, no comparisons between
+//            pages. Any disagreement between index and chunks falls back to the next two.
+//   dense  — keys spanning little more than their count (item ids): scatter records into a
+//            slot per key, chunks in ascending seq so the newest lands last, then sweep.
+//   heap   — k-way merge by (key, newest seq first) emitting maximal runs of one chunk.
+// Direct placement (clean, disjoint fixed-width pages decoded straight into the output) is
+// the scan's own fast path; CloseDirectGaps finishes it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "reader/csrc/column.h"
+#include "reader/csrc/format.h"
+#include "reader/csrc/version_set.h"
+#include "reader/csrc/write_buffer.h"
+
+namespace recflash {
+
+// One page's records of one feature inside the scan range, decoded.
+struct PageChunk {
+  uint64_t seq = 0;
+  double enc = 0;     // encoded bytes per record
+  bool clean = true;  // no stale records and no tombstones
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> tomb;   // empty: no tombstones
+  std::vector<uint8_t> vals;
+  std::vector<uint32_t> lens;  // variable-width only
+};
+
+// Decodes the records of `sv` with lo <= key < hi (hi ignored when to_end) into `c`.
+// `all_valid`: the page table says every record of the segment is current.
+void DecodeChunk(const SegmentView& sv, uint64_t seq, uint64_t lo, uint64_t hi, bool to_end, bool all_valid,
+                 PageChunk* c);
+
+// The output of one feature's merge and what it cost.
+struct MergeSink {
+  MergeSink(ColumnData* col, uint32_t width, uint32_t elem, const BufferedItems& buf,
+            const std::vector<PageChunk>& chunks);
+
+  // Buffered item e (skipped when a tombstone).
+  void EmitBuffered(size_t e);
+  // Buffered items below `key`.
+  void EmitBufferedBelow(uint64_t key) {
+    while (k < buf.size() && buf.keys[k] < key) EmitBuffered(k++);
+  }
+  // Records [r0, r1) of chunk c, all current versions (tombstones skipped).
+  void CopyRecords(uint32_t c, uint32_t r0, uint32_t r1);
+  // A run of winning records of chunk c overlaid with the buffered items (which are newer).
+  void EmitRun(uint32_t c, uint32_t r0, uint32_t r1);
+  // The remaining buffered items.
+  void Finish() {
+    while (k < buf.size()) EmitBuffered(k++);
+  }
+  // Back to empty (after a failed index walk).
+  void Reset();
+
+  ColumnData* col;
+  const uint32_t w;     // fixed value width, 0 for variable-width values
+  const uint32_t elem;  // element size (variable-width offsets count elements)
+  const BufferedItems& buf;
+  const std::vector<PageChunk>& cs;
+  std::vector<std::vector<uint64_t>> voff;  // variable width: value byte offsets per chunk
+  size_t k = 0;                              // buffer cursor
+  uint64_t out_bytes = 0;
+  uint64_t useful = 0;  // logical bytes (8 + value) of the items taken from pages
+  double encoded = 0;   // their on-disk bytes
+};
+
+// Chunks with records, in order of first key (newest seq first on ties).
+std::vector<uint32_t> ChunkOrder(const std::vector<PageChunk>& chunks);
+
+// Index-guided merge over an index copy (keys ascending, locs = page | KeyIndex::kTomb)
+// whose pages are `refs` (chunk j is page refs[j]). False when index and chunks disagree;
+// the sink is then as the call found it only if the caller Resets it.
+bool MergeByIndex(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,
+                  const std::vector<PageRef>& refs, MergeSink* sink);
+// Dense-key scatter over the chunks in `order`; false (nothing done) when the keys are not
+// dense enough for it to pay.
+bool MergeDense(const std::vector<uint32_t>& order, MergeSink* sink);
+// K-way merge of the chunks in `order` (see ChunkOrder).
+void MergeHeap(const std::vector<uint32_t>& order, MergeSink* sink);
+
+enum class MergeKind { kIndex, kIndexFallback, kDense, kHeap };
+// The whole merge of one feature: index copy (when given) -> dense -> heap, then the
+// remaining buffered items. Returns the strategy that produced the output.
+MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint32_t>* ilocs,
+                      const std::vector<PageRef>& refs, MergeSink* sink);
+
+// Direct placement: page j's records were decoded at col.keys[slot[j]..], of which
+// [span[j].first, span[j].second) are in range; moves them together. Returns the items kept.
+uint64_t CloseDirectGaps(const std::vector<uint64_t>& slot, const std::vector<std::pair<uint32_t, uint32_t>>& span,
+                         uint32_t width, ColumnData* col);
+
+}  // namespace recflash

@@ -1,0 +1,107 @@
+// KeyIndex: dense and sparse keys, ascending probes, erase, deferral, checkpoint round trip.
+#include <gtest/gtest.h>
+
+#include "reader/csrc/key_index.h"
+
+namespace recflash {
+namespace {
+
+KeyIndex Build(const std::vector<uint64_t>& keys, bool lens = false) {
+  KeyIndex idx;
+  idx.track_lengths(lens);
+  std::vector<uint32_t> locs, ls;
+  for (size_t i = 0; i < keys.size(); i++) {
+    locs.push_back(static_cast<uint32_t>(i % 5));
+    ls.push_back(static_cast<uint32_t>(i * 3));
+  }
+  idx.InsertNew(keys, locs, ls);
+  return idx;
+}
+
+TEST(KeyIndex, DenseRunKeepsNoKeyArray) {
+  KeyIndex idx = Build({10, 11, 12, 13});
+  EXPECT_TRUE(idx.dense());
+  EXPECT_EQ(idx.size(), 4u);
+  EXPECT_EQ(idx.Find(12), 2);
+  EXPECT_EQ(idx.Find(9), KeyIndex::kAbsent);
+  EXPECT_EQ(idx.Find(14), KeyIndex::kAbsent);
+  EXPECT_EQ(idx.key(3), 13u);
+  // A gap turns it sparse, keeping every key findable.
+  idx.InsertNew({20}, {4}, {0});
+  EXPECT_FALSE(idx.dense());
+  EXPECT_EQ(idx.Find(20), 4);
+  EXPECT_EQ(idx.Find(13), 3);
+  EXPECT_EQ(idx.loc(4), 4u);
+}
+
+TEST(KeyIndex, SparseInsertFindFromAndErase) {
+  KeyIndex idx = Build({5, 50, 500}, true);
+  idx.InsertNew({1, 70, 9000}, {7, 8, 9}, {11, 12, 13});
+  ASSERT_EQ(idx.size(), 6u);
+  const std::vector<uint64_t> want = {1, 5, 50, 70, 500, 9000};
+  for (size_t i = 0; i < want.size(); i++) EXPECT_EQ(idx.key(i), want[i]);
+  EXPECT_EQ(idx.len(idx.Find(70)), 12u);
+  size_t hint = 0;
+  EXPECT_EQ(idx.FindFrom(5, &hint), 1);
+  EXPECT_EQ(idx.FindFrom(60, &hint), KeyIndex::kAbsent);
+  EXPECT_EQ(idx.FindFrom(9000, &hint), 5);
+  idx.Erase({0, 3});
+  EXPECT_EQ(idx.size(), 4u);
+  EXPECT_EQ(idx.Find(1), KeyIndex::kAbsent);
+  EXPECT_EQ(idx.Find(70), KeyIndex::kAbsent);
+  EXPECT_EQ(idx.Find(500), 2);
+  std::vector<uint64_t> k;
+  std::vector<uint32_t> l;
+  idx.CopyRange(6, 9000, &k, &l);
+  EXPECT_EQ(k, (std::vector<uint64_t>{50, 500}));
+  idx.CopyRange(6, UINT64_MAX, &k, &l);
+  EXPECT_EQ(k, (std::vector<uint64_t>{50, 500, 9000}));
+}
+
+TEST(KeyIndex, DeferredTracksOnlyTheLastKey) {
+  KeyIndex idx;
+  uint64_t last = 0;
+  EXPECT_FALSE(idx.LastKey(&last));
+  idx.Defer();
+  ASSERT_TRUE(idx.deferred());
+  idx.AppendDeferred(100, 99);
+  idx.AppendDeferred(50, 400);
+  EXPECT_EQ(idx.deferred_items(), 150u);
+  ASSERT_TRUE(idx.LastKey(&last));
+  EXPECT_EQ(last, 400u);
+  EXPECT_EQ(idx.size(), 0u);
+  idx.Undefer();
+  EXPECT_FALSE(idx.deferred());
+  KeyIndex full = Build({1, 2});
+  full.Defer();  // holds keys: stays an index
+  EXPECT_FALSE(full.deferred());
+}
+
+TEST(KeyIndex, CheckpointRoundTripAndSkip) {
+  for (bool dense : {true, false}) {
+    KeyIndex idx = dense ? Build({100, 101, 102}, true) : Build({3, 30, 300, 3000}, true);
+    idx.set_loc(1, 42 | KeyIndex::kTomb);
+    std::string blob;
+    idx.Serialize(&blob);
+    blob += "tail";
+    const char* p = blob.data();
+    KeyIndex back;
+    ASSERT_TRUE(back.Deserialize(&p, blob.data() + blob.size()));
+    EXPECT_EQ(std::string(p), "tail");
+    ASSERT_EQ(back.size(), idx.size());
+    for (size_t i = 0; i < idx.size(); i++) {
+      EXPECT_EQ(back.key(i), idx.key(i));
+      EXPECT_EQ(back.loc(i), idx.loc(i));
+      EXPECT_EQ(back.len(i), idx.len(i));
+    }
+    const char* q = blob.data();
+    ASSERT_TRUE(KeyIndex::Skip(&q, blob.data() + blob.size()));
+    EXPECT_EQ(q, p);
+    const char* r = blob.data();
+    KeyIndex cut;
+    EXPECT_FALSE(cut.Deserialize(&r, blob.data() + 3));  // truncated
+  }
+}
+
+}  // namespace
+}  // namespace recflash

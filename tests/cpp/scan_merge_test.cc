@@ -1,0 +1,275 @@
+// The scan merge strategies on hand-built page chunks: every strategy must give the same
+// output — the newest version of each key (buffer > higher seq > lower seq), tombstones
+// hiding older versions — and the index walk must refuse an index that disagrees.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "reader/csrc/key_index.h"
+#include "reader/csrc/scan_merge.h"
+
+namespace recflash {
+namespace {
+
+// A chunk of fixed-width int64 records (value = key * 10 + seq) or tombstones.
+PageChunk Chunk(uint64_t seq, const std::vector<uint64_t>& keys, const std::vector<uint64_t>& tombs = {}) {
+  PageChunk c;
+  c.seq = seq;
+  c.enc = 9;
+  for (uint64_t k : keys) {
+    const bool t = std::find(tombs.begin(), tombs.end(), k) != tombs.end();
+    c.keys.push_back(k);
+    if (!tombs.empty()) c.tomb.push_back(t);
+    const int64_t v = static_cast<int64_t>(k * 10 + seq);
+    c.vals.insert(c.vals.end(), reinterpret_cast<const uint8_t*>(&v), reinterpret_cast<const uint8_t*>(&v) + 8);
+  }
+  c.clean = tombs.empty();
+  return c;
+}
+
+BufferedItems Buffer(const std::vector<std::pair<uint64_t, std::optional<int64_t>>>& items) {
+  BufferedItems b;
+  for (const auto& [k, v] : items) {
+    b.keys.push_back(k);
+    b.tomb.push_back(!v.has_value());
+    b.off.push_back(b.arena.size());
+    b.len.push_back(v ? 8 : 0);
+    if (v) b.arena.insert(b.arena.end(), reinterpret_cast<const uint8_t*>(&*v), reinterpret_cast<const uint8_t*>(&*v) + 8);
+  }
+  return b;
+}
+
+// The expected result, by brute force.
+std::map<uint64_t, int64_t> Expected(const std::vector<PageChunk>& cs, const BufferedItems& b) {
+  std::map<uint64_t, std::pair<uint64_t, std::optional<int64_t>>> best;  // key -> (seq, value)
+  for (const PageChunk& c : cs)
+    for (size_t r = 0; r < c.keys.size(); r++) {
+      auto it = best.find(c.keys[r]);
+      if (it != best.end() && it->second.first > c.seq) continue;
+      std::optional<int64_t> v;
+      if (c.tomb.empty() || !c.tomb[r]) {
+        int64_t x;
+        std::memcpy(&x, c.vals.data() + r * 8, 8);
+        v = x;
+      }
+      best[c.keys[r]] = {c.seq, v};
+    }
+  for (size_t e = 0; e < b.size(); e++) {
+    std::optional<int64_t> v;
+    if (!b.tomb[e]) {
+      int64_t x;
+      std::memcpy(&x, b.value(e), 8);
+      v = x;
+    }
+    best[b.keys[e]] = {UINT64_MAX, v};
+  }
+  std::map<uint64_t, int64_t> out;
+  for (const auto& [k, sv] : best)
+    if (sv.second) out[k] = *sv.second;
+  return out;
+}
+
+std::map<uint64_t, int64_t> Output(const ColumnData& col) {
+  std::map<uint64_t, int64_t> out;
+  EXPECT_EQ(col.values.size(), col.keys.size() * 8);
+  for (size_t i = 0; i < col.keys.size(); i++) {
+    if (i) {
+      EXPECT_LT(col.keys[i - 1], col.keys[i]) << "keys ascending and unique";
+    }
+    int64_t x;
+    std::memcpy(&x, col.values.data() + i * 8, 8);
+    out[col.keys[i]] = x;
+  }
+  return out;
+}
+
+std::vector<PageRef> Refs(const std::vector<PageChunk>& cs) {
+  std::vector<PageRef> refs;
+  for (size_t j = 0; j < cs.size(); j++) refs.push_back({static_cast<uint32_t>(100 + j), 0, 0, 0, false, cs[j].seq, 0, 0});
+  return refs;
+}
+
+// The index a store would hold: each key's newest page version, tombstones flagged.
+void IndexOf(const std::vector<PageChunk>& cs, std::vector<uint64_t>* ik, std::vector<uint32_t>* il) {
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> best;
+  for (size_t j = 0; j < cs.size(); j++)
+    for (size_t r = 0; r < cs[j].keys.size(); r++) {
+      auto& b = best[cs[j].keys[r]];
+      if (b.first > cs[j].seq) continue;
+      const bool tomb = !cs[j].tomb.empty() && cs[j].tomb[r];
+      b = {cs[j].seq, static_cast<uint32_t>(100 + j) | (tomb ? KeyIndex::kTomb : 0)};
+    }
+  ik->clear();
+  il->clear();
+  for (const auto& [k, b] : best) {
+    ik->push_back(k);
+    il->push_back(b.second);
+  }
+}
+
+struct Scenario {
+  std::vector<PageChunk> cs;
+  BufferedItems buf;
+};
+
+std::vector<Scenario> Scenarios() {
+  std::vector<Scenario> v;
+  // Overlapping versions: page 2 (seq 5) updates some keys of page 1 (seq 3) and deletes one.
+  v.push_back({{Chunk(3, {1, 2, 3, 4, 5, 6}), Chunk(5, {2, 4, 9}, {4})}, Buffer({})});
+  // The buffer overrides, inserts and deletes.
+  v.push_back({{Chunk(3, {10, 20, 30, 40}), Chunk(4, {15, 30, 45})},
+               Buffer({{5, 1}, {20, 2}, {30, std::nullopt}, {50, 3}})});
+  // Sparse keys far apart (heap path), disjoint pages in any order.
+  v.push_back({{Chunk(9, {1000000, 5000000}), Chunk(2, {10, 20}), Chunk(4, {300000})}, Buffer({{7, 70}})});
+  // Many pages of a dense range, each updating the previous ones.
+  Scenario dense;
+  for (uint64_t s = 1; s <= 5; s++) {
+    std::vector<uint64_t> keys, tombs;
+    for (uint64_t k = s; k < 500; k += s) keys.push_back(k);
+    if (s == 3) tombs = {3, 6, 9};
+    dense.cs.push_back(Chunk(s, keys, tombs));
+  }
+  dense.buf = Buffer({{4, 44}, {100, std::nullopt}});
+  v.push_back(std::move(dense));
+  // Only buffered items.
+  v.push_back({{}, Buffer({{1, 1}, {2, std::nullopt}, {3, 3}})});
+  return v;
+}
+
+TEST(ScanMerge, HeapAndDenseAndIndexAgreeWithBruteForce) {
+  for (const Scenario& sc : Scenarios()) {
+    const auto want = Expected(sc.cs, sc.buf);
+    const auto order = ChunkOrder(sc.cs);
+    {
+      ColumnData col;
+      MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
+      MergeHeap(order, &sink);
+      sink.Finish();
+      EXPECT_EQ(Output(col), want) << "heap";
+    }
+    {
+      ColumnData col;
+      MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
+      if (MergeDense(order, &sink)) {
+        sink.Finish();
+        EXPECT_EQ(Output(col), want) << "dense";
+      }
+    }
+    {
+      std::vector<uint64_t> ik;
+      std::vector<uint32_t> il;
+      IndexOf(sc.cs, &ik, &il);
+      ColumnData col;
+      MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
+      EXPECT_EQ(MergeChunks(&ik, &il, Refs(sc.cs), &sink), MergeKind::kIndex);
+      EXPECT_EQ(Output(col), want) << "index";
+    }
+    {
+      ColumnData col;
+      MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
+      const MergeKind k = MergeChunks(nullptr, nullptr, Refs(sc.cs), &sink);
+      EXPECT_NE(k, MergeKind::kIndex);
+      EXPECT_EQ(Output(col), want) << "merge";
+    }
+  }
+}
+
+TEST(ScanMerge, DenseOnlyWhenTheKeySpanIsSmall) {
+  const std::vector<PageChunk> sparse = {Chunk(1, {1, 1u << 30}), Chunk(2, {5, 1u << 31})};
+  const BufferedItems none;
+  ColumnData col;
+  MergeSink sink(&col, 8, 8, none, sparse);
+  EXPECT_FALSE(MergeDense(ChunkOrder(sparse), &sink));
+  EXPECT_TRUE(col.keys.empty());
+}
+
+TEST(ScanMerge, AnIndexThatDisagreesFallsBackWithTheSameOutput) {
+  Scenario sc = Scenarios()[0];
+  std::vector<uint64_t> ik;
+  std::vector<uint32_t> il;
+  IndexOf(sc.cs, &ik, &il);
+  il[0] = 555;  // names a page the scan did not read (a writer mid-install)
+  ColumnData col;
+  MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
+  EXPECT_EQ(MergeChunks(&ik, &il, Refs(sc.cs), &sink), MergeKind::kIndexFallback);
+  EXPECT_EQ(Output(col), Expected(sc.cs, sc.buf));
+  // An index naming the right page but a key the page lacks also falls back.
+  IndexOf(sc.cs, &ik, &il);
+  ik.insert(ik.begin(), 0);
+  il.insert(il.begin(), 100);
+  ColumnData col2;
+  MergeSink sink2(&col2, 8, 8, sc.buf, sc.cs);
+  EXPECT_EQ(MergeChunks(&ik, &il, Refs(sc.cs), &sink2), MergeKind::kIndexFallback);
+  EXPECT_EQ(Output(col2), Expected(sc.cs, sc.buf));
+  EXPECT_DOUBLE_EQ(sink2.useful, static_cast<double>(Expected(sc.cs, sc.buf).size()) * 16);
+}
+
+TEST(ScanMerge, VariableWidthValuesAndOffsets) {
+  PageChunk a, b;
+  a.seq = 1;
+  b.seq = 2;
+  auto add = [](PageChunk& c, uint64_t k, const std::string& v) {
+    c.keys.push_back(k);
+    c.vals.insert(c.vals.end(), v.begin(), v.end());
+    c.lens.push_back(static_cast<uint32_t>(v.size()));
+  };
+  add(a, 1, "one");
+  add(a, 2, "two");
+  add(a, 3, "three");
+  add(b, 2, "TWO!");
+  add(b, 4, "");
+  const std::vector<PageChunk> cs = {a, b};
+  const BufferedItems none;
+  ColumnData col;
+  MergeSink sink(&col, 0, 1, none, cs);
+  MergeChunks(nullptr, nullptr, Refs(cs), &sink);
+  EXPECT_EQ(std::vector<uint64_t>(col.keys.begin(), col.keys.end()), (std::vector<uint64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(std::string(col.values.begin(), col.values.end()), "oneTWO!three");
+  EXPECT_EQ(col.offsets, (std::vector<int32_t>{0, 3, 7, 12, 12}));
+}
+
+TEST(ScanMerge, DecodeChunkTrimsToTheRange) {
+  FeatureDef d;
+  d.id = 1;
+  d.type = ValueType::kInt64;
+  PageBuilder pb(4096);
+  for (uint64_t k = 10; k < 30; k++) {
+    const int64_t v = static_cast<int64_t>(k);
+    ASSERT_TRUE(pb.Add(d, k, reinterpret_cast<const uint8_t*>(&v), k == 15 ? 0 : 8, k == 15));
+  }
+  std::vector<uint8_t> buf(4096);
+  std::vector<SegmentSummary> sums;
+  pb.Finish(buf.data(), 4, 0, &sums);
+  PageView pv;
+  ASSERT_TRUE(PageView::Parse(buf.data(), 4096, 0, "t", &pv).ok());
+  SegmentView sv;
+  ASSERT_TRUE(pv.Find(1, &sv));
+  sv.width = 8;
+  PageChunk c;
+  DecodeChunk(sv, pv.seq(), 12, 20, false, true, &c);
+  EXPECT_EQ(c.keys, (std::vector<uint64_t>{12, 13, 14, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(c.tomb[3], 1);
+  EXPECT_FALSE(c.clean);
+  EXPECT_EQ(c.vals.size(), 8u * 8);
+  PageChunk all;
+  DecodeChunk(sv, pv.seq(), 0, 0, true, true, &all);
+  EXPECT_EQ(all.keys.size(), 20u);
+}
+
+TEST(ScanMerge, CloseDirectGapsJoinsPartialPages) {
+  ColumnData col;
+  // Three pages of 4 records at slots 0, 4, 8; the range keeps [2, 4), [0, 4), [0, 1).
+  for (uint64_t k = 0; k < 12; k++) {
+    col.keys.push_back(k);
+    const int64_t v = static_cast<int64_t>(k * 100);
+    col.values.insert(col.values.end(), reinterpret_cast<const uint8_t*>(&v), reinterpret_cast<const uint8_t*>(&v) + 8);
+  }
+  EXPECT_EQ(CloseDirectGaps({0, 4, 8}, {{2, 4}, {0, 4}, {0, 1}}, 8, &col), 7u);
+  EXPECT_EQ(std::vector<uint64_t>(col.keys.begin(), col.keys.end()), (std::vector<uint64_t>{2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(Output(col).at(8), 800);
+}
+
+}  // namespace
+}  // namespace recflash

@@ -1,0 +1,156 @@
+// WAL framing (crc | length | type | payload) with torn tails, the batch payload encoder and
+// decoder, and the WAL file names.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "reader/csrc/filename.h"
+#include "reader/csrc/wal.h"
+#include "reader/csrc/write_batch.h"
+
+namespace recflash {
+namespace {
+
+class WalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("recflash_wal_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    path_ = WalFileName(dir_.string(), 7);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::vector<std::string> Write(const std::vector<std::string>& payloads) {
+    WalWriter w;
+    EXPECT_TRUE(w.Open(path_).ok());
+    for (const auto& p : payloads) EXPECT_TRUE(w.Append(kWalBatch, p).ok());
+    EXPECT_TRUE(w.Sync().ok());
+    return payloads;
+  }
+  std::vector<std::string> Read(bool* torn) {
+    std::vector<std::string> got;
+    Status s = ReadWalFile(
+        path_,
+        [&](uint8_t type, const std::string& p) {
+          EXPECT_EQ(type, kWalBatch);
+          got.push_back(p);
+          return Status::OK();
+        },
+        torn);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return got;
+  }
+
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+TEST_F(WalTest, RecordsRoundTrip) {
+  const auto want = Write({"a", std::string(100000, 'x'), "", "last"});
+  bool torn = true;
+  EXPECT_EQ(Read(&torn), want);
+  EXPECT_FALSE(torn);
+}
+
+TEST_F(WalTest, TornTailEndsReplayAtTheLastIntactRecord) {
+  const auto want = Write({"first", "second", std::string(5000, 'z')});
+  const auto size = std::filesystem::file_size(path_);
+  // Cut inside the last record's payload, then inside its header.
+  for (uint64_t cut : {size - 100, size - 5000 - 9 + 4}) {
+    std::filesystem::resize_file(path_, cut);
+    bool torn = false;
+    EXPECT_EQ(Read(&torn), (std::vector<std::string>{"first", "second"}));
+    EXPECT_TRUE(torn);
+  }
+}
+
+TEST_F(WalTest, CorruptRecordIsATornTail) {
+  Write({"first", "second", "third"});
+  {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(9 + 5 + 9 + 2);  // a payload byte of "second"
+    f.put('#');
+  }
+  bool torn = false;
+  EXPECT_EQ(Read(&torn), (std::vector<std::string>{"first"}));
+  EXPECT_TRUE(torn);
+}
+
+TEST(WriteBatch, FixedWidthPutAndDeleteRoundTrip) {
+  const uint64_t keys[] = {3, 1, 4};
+  const float vals[] = {1.5f, 2.5f, 3.5f};
+  const std::string put =
+      EncodeBatch(kOpPut, 9, keys, 3, 4, reinterpret_cast<const uint8_t*>(vals), nullptr);
+  DecodedBatch d;
+  ASSERT_TRUE(DecodeBatch(put, "w", &d).ok());
+  EXPECT_EQ(d.op, kOpPut);
+  EXPECT_EQ(d.fid, 9u);
+  EXPECT_EQ(d.width, 4u);
+  EXPECT_EQ(d.keys, std::vector<uint64_t>(keys, keys + 3));
+  EXPECT_EQ(std::memcmp(d.values, vals, sizeof vals), 0);
+  EXPECT_FALSE(d.is_delete());
+  const std::string del = EncodeBatch(kOpDelete, 2, keys, 2, 8, nullptr, nullptr);
+  ASSERT_TRUE(DecodeBatch(del, "w", &d).ok());
+  EXPECT_TRUE(d.is_delete());
+  EXPECT_EQ(d.keys, (std::vector<uint64_t>{3, 1}));
+  EXPECT_EQ(d.values, nullptr);
+}
+
+TEST(WriteBatch, VariableWidthPartsMatchTheEncoding) {
+  const uint64_t keys[] = {10, 20};
+  const uint8_t vals[] = {'x', 'a', 'b', 'c', 'd', 'e'};
+  const int64_t offs[] = {1, 3, 6};  // values start at offsets[0]
+  const std::string whole = EncodeBatch(kOpPut, 1, keys, 2, 0, vals, offs);
+  uint8_t header[kBatchHeaderBytes];
+  std::vector<uint32_t> lens;
+  std::vector<iovec> parts;
+  size_t bytes = 0;
+  BatchParts(kOpPut, 1, keys, 2, 0, vals, offs, header, &lens, &parts, &bytes);
+  std::string joined;
+  for (const iovec& v : parts) joined.append(static_cast<const char*>(v.iov_base), v.iov_len);
+  EXPECT_EQ(joined, whole);
+  EXPECT_EQ(bytes, whole.size());
+  DecodedBatch d;
+  ASSERT_TRUE(DecodeBatch(whole, "w", &d).ok());
+  EXPECT_EQ(d.offsets, (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(d.values), 5), "abcde");
+}
+
+TEST(WriteBatch, ShortAndTruncatedPayloadsAreCorruption) {
+  const uint64_t keys[] = {1, 2};
+  const int64_t offs[] = {0, 2, 4};
+  const uint8_t vals[] = {1, 2, 3, 4};
+  const std::string whole = EncodeBatch(kOpPut, 1, keys, 2, 0, vals, offs);
+  DecodedBatch d;
+  for (size_t n : {size_t{0}, size_t{12}, size_t{13 + 8}, whole.size() - 1}) {
+    Status s = DecodeBatch(whole.substr(0, n), "wal/000001.log", &d);
+    EXPECT_EQ(s.code(), Status::Code::kCorruption) << n;
+    EXPECT_NE(s.message().find("wal/000001.log"), std::string::npos);
+  }
+  std::string bad = whole;
+  bad[0] = 9;  // unknown op
+  EXPECT_EQ(DecodeBatch(bad, "w", &d).code(), Status::Code::kCorruption);
+}
+
+TEST(FileNames, WalNamesParseBack) {
+  EXPECT_EQ(WalFileName("/s/wal", 7), "/s/wal/000007.log");
+  uint64_t n = 0;
+  ASSERT_TRUE(ParseWalFileName("000007.log", &n));
+  EXPECT_EQ(n, 7u);
+  ASSERT_TRUE(ParseWalFileName("12345678.log", &n));
+  EXPECT_EQ(n, 12345678u);
+  EXPECT_FALSE(ParseWalFileName("abc.log", &n));
+  EXPECT_FALSE(ParseWalFileName(".log", &n));
+  EXPECT_FALSE(ParseWalFileName("000007.log.tmp", &n));
+  EXPECT_EQ(std::string(FileBaseName(FileKind::kPages)), "pages.dat");
+  EXPECT_EQ(StoreFileName("/s", FileKind::kMarker), "/s/RECFLASH");
+}
+
+}  // namespace
+}  // namespace recflash

@@ -2,7 +2,8 @@
 #
 #   make setup   system packages (apt), .venv with the pinned Python stack, then the package
 #   make test    setup + pytest (from the repo root, with the venv's pytest executable)
-#   make demo    setup + examples/demo.py, then a short examples/train_dlrm_ray.py --quick
+#   make demo    setup + examples/demo.py, a short examples/train_dlrm_ray.py --quick, then
+#                examples/dlrm_inference_ssd.py --quick (TorchRec inference with SSD tables)
 #   make build   reinstall the package only (incremental C++ build under build/)
 #   make clean   remove build/ (keeps .venv)
 #
@@ -30,7 +31,7 @@ DEMO_ARGS    ?=
 .PHONY: help setup system-deps python-deps build proto test demo clean
 
 help:
-	@sed -n '3,7p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,8p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: system-deps python-deps build
 
@@ -92,6 +93,7 @@ test: setup
 demo: setup
 	$(VPY) examples/demo.py $(DEMO_ARGS)
 	$(VPY) examples/train_dlrm_ray.py --quick
+	$(VPY) examples/dlrm_inference_ssd.py --quick
 
 clean:
 	rm -rf build/

@@ -119,7 +119,7 @@ def train_loop_per_worker(config: dict) -> None:
     pre = Preprocessor(dense=DENSE, sparse=SPARSE, label="label", table_sizes=rows)
     collate = TorchRecCollate(pre)
     train_shard = ray.train.get_dataset_shard("train")
-    steps, losses, t0 = config["steps"], [], time.perf_counter()
+    steps, losses, curve, t0 = config["steps"], [], [], time.perf_counter()
     dmp.train()
     while len(losses) < steps:  # epochs until `steps` (the same count on every worker)
         for batch in train_shard.iter_torch_batches(batch_size=B, collate_fn=collate, drop_last=True):
@@ -129,9 +129,9 @@ def train_loop_per_worker(config: dict) -> None:
             opt.step()
             losses.append(float(loss.detach()))
             if rank == 0 and (len(losses) % config["log_every"] == 0 or len(losses) == 1):
-                recent = np.mean(losses[-config["log_every"]:])
-                print(f"[rank 0] step {len(losses):4d}  loss {recent:.4f}  "
-                      f"({len(losses) * B * world / (time.perf_counter() - t0):,.0f} samples/s)", flush=True)
+                recent = float(np.mean(losses[-config["log_every"]:]))
+                curve.append((len(losses), recent, len(losses) * B * world / (time.perf_counter() - t0)))
+                print(f"[rank 0] step {len(losses):4d}  loss {recent:.4f}  ({curve[-1][2]:,.0f} samples/s)", flush=True)
             if len(losses) >= steps:
                 break
     train_seconds = time.perf_counter() - t0
@@ -158,7 +158,8 @@ def train_loop_per_worker(config: dict) -> None:
     k = max(1, min(20, len(losses) // 4))
     metrics = {"steps": len(losses), "loss_first": float(np.mean(losses[:k])), "loss_last": float(np.mean(losses[-k:])),
                "auc": auc, "eval_samples": int(len(lb)), "positive_rate": float(lb.float().mean()) if len(lb) else 0.0,
-               "train_seconds": train_seconds, "samples_per_second": len(losses) * B * world / train_seconds}
+               "train_seconds": train_seconds, "samples_per_second": len(losses) * B * world / train_seconds,
+               "loss_curve": curve}
     if rank == 0:  # the metrics travel with a (tiny) checkpoint, which Ray Train keeps
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "metrics.json"), "w") as f:
@@ -208,6 +209,36 @@ def run(store: str, steps: int, batch_size: int, workers: int = 2, worker_cpus: 
         return json.load(f)
 
 
+def route_logs(path: str) -> None:
+    """The driver's Python log lines (Ray's included) to a file; the terminal keeps the example's."""
+    import logging
+    import warnings
+
+    fh = logging.FileHandler(path, mode="w")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(fh)
+    root.setLevel(logging.INFO)
+    for name in ("ray", "torch", "torchrec"):
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            lg.removeHandler(h)
+        lg.propagate = True
+    logging.captureWarnings(True)
+    warnings.simplefilter("default")
+
+
+def ray_session_logs() -> str:
+    try:
+        from ray._private.worker import _global_node
+
+        return os.path.join(_global_node.get_session_dir_path(), "logs")
+    except Exception:  # noqa: BLE001 - only for the closing message
+        return "/tmp/ray/session_latest/logs"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", help="store directory (made with --rows synthetic rows if it does not exist; "
@@ -221,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--quick", action="store_true", help="short run: 60k rows, 40 steps (make demo)")
     ap.add_argument("--json", help="write the metrics here")
+    ap.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "recflash-train-dlrm.log"),
+                    help="where the driver's Ray/TorchRec log lines go (workers' logs stay in Ray's session directory)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary store")
     args = ap.parse_args(argv)
     if args.quick:
@@ -235,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if store is None:
         tmp = tempfile.mkdtemp(prefix="recflash-dlrm-")
         store = os.path.join(tmp, "store")
+    log_path = args.log
     try:
         if not os.path.exists(store):
             t0 = time.perf_counter()
@@ -244,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         if not ray.is_initialized():
             from recflash.ingest.ray import init_ray
 
-            # 4 logical CPUs on 2 cores: 2 train workers plus read tasks.
-            init_ray(num_cpus=max(4, args.workers * 2), include_dashboard=False, log_to_driver=True,
-                     configure_logging=True, logging_level="WARNING")
+            # 4 logical CPUs on 2 cores: 2 train workers plus read tasks. Ray's, Ray Train's and
+            # TorchRec's log lines (workers' output included) go to log files, not the terminal.
+            route_logs(log_path)
+            init_ray(num_cpus=max(4, args.workers * 2), include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
         m = run(store, steps=args.steps, batch_size=args.batch_size, workers=args.workers, worker_cpus=args.worker_cpus,
                 table_rows=args.table_rows, lr=args.lr, log_every=max(1, min(50, args.steps // 5)),
                 storage_path=os.path.join(tmp or tempfile.mkdtemp(prefix="recflash-train-"), "ray_results"))
@@ -254,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.batch_size} per worker, {m['samples_per_second']:,.0f} samples/s")
         print(f"  loss {m['loss_first']:.4f} (first steps) -> {m['loss_last']:.4f} (last steps)"
               f"{'  [falls]' if m['loss_last'] < m['loss_first'] else '  [DOES NOT FALL]'}")
+        for step, loss, sps in m.get("loss_curve", []):
+            print(f"  step {step:4d}  loss {loss:.4f}  ({sps:,.0f} samples/s)")
         print(f"  held-out AUC {m['auc']:.4f} on {m['eval_samples']:,} samples (positive rate {m['positive_rate']:.3f})")
+        print(f"  Ray's and TorchRec's logs: {log_path}, {ray_session_logs()}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(m, f, indent=2)

@@ -16,3 +16,5 @@ from recflash.torchrec_ext.sharding import (SSD_KERNEL, ShardedSsdEmbeddingBagCo
                                             SsdEmbeddingBagCollectionSharder, find_ssd_modules, update_rows)
 from recflash.torchrec_ext.planner import (OffloadPlan, TieringReport, measure_device_iops,  # noqa: F401
                                            plan_offload, tier_tables)
+from recflash.torchrec_ext.quant import (SsdQuantEmbeddingBag, export_quantized_tables,  # noqa: F401
+                                         shard_quant_model_with_ssd)

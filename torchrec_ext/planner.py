@@ -116,7 +116,7 @@ class TieringReport:
         from rich.console import Console
         from rich.table import Table
 
-        console = console or Console()
+        console = console or Console(width=max(118, shutil.get_terminal_size((118, 24)).columns))
         title = f"recflash tiering at {self.qps:,.0f} samples/s"
         if self.dram_budget_bytes is not None:
             title += f", DRAM budget {_mib(self.dram_budget_bytes)}"

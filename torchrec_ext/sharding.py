@@ -124,6 +124,16 @@ class ShardedSsdEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             sharding_infos, env, device, permute_embeddings=permute_embeddings,
             qcomm_codecs_registry=qcomm_codecs_registry)
 
+    def input_dist(self, ctx, features):
+        # TorchRec's variable-batch-per-feature (VBE) path mixing custom and TBE kernels is a
+        # known source of wrong results upstream: refuse it before any collective starts.
+        if self._ssd_plan and features.variable_stride_per_key():
+            raise InvalidArgumentError(
+                f"SSD tables {', '.join(sorted(self._ssd_plan))}: the batch has a different batch size per "
+                f"feature (variable batch per feature), which SSD-offloaded tables do not support; send every "
+                f"feature with the same batch size")
+        return super().input_dist(ctx, features)
+
     def reset_parameters(self) -> None:
         # TorchRec initialises every table but KEY_VALUE ones; SSD tables have no DRAM weight.
         if self._device and self._device.type == "meta":

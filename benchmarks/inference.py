@@ -340,16 +340,19 @@ def child_main(cfg: dict) -> None:
         dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
                                        sharders=[SsdEmbeddingBagCollectionSharder(location, **sls)])
         dram = set(plan.tiering.dram_tables)
-        state = {}
+        ref_dense = build_model(shape, "meta").state_dict()
+        dmp.load_state_dict({k: v for k, v in ref_dense.items() if "embedding_bags" not in k}, strict=False)
+        # DRAM tables filled in place, a chunk at a time: no second copy of a table in memory
+        sd = dmp.state_dict()
         for t, n in enumerate(names):
             if n in dram:
-                state[f"sparse_arch.embedding_bag_collection.embedding_bags.{n}.weight"] = table_weight(shape, t)
-        ref_dense = build_model(shape, "meta").state_dict()
-        for k, v in ref_dense.items():
-            if "embedding_bags" not in k:
-                state[k] = v
-        dmp.load_state_dict(state, strict=False)
-        del state
+                w = sd[f"sparse_arch.embedding_bag_collection.embedding_bags.{n}.weight"]
+                w = w.local_shards()[0].tensor if hasattr(w, "local_shards") else w
+                with torch.no_grad():
+                    for a in range(0, shape.num_rows, 1 << 18):
+                        z = min(shape.num_rows, a + (1 << 18))
+                        w[a:z].copy_(table_weight(shape, t, a, z))
+        del sd
         run = dmp
         mods = find_ssd_modules(dmp)
         backend = mods[0].ssd_backend if mods and mods[0].local_ssd_tables() else None

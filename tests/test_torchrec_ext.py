@@ -332,3 +332,29 @@ def test_sharder_with_a_device_server_address(tmp_path):
         close_backends()
         p.terminate()
         p.wait(timeout=60)
+
+
+def test_large_batches_are_looked_up_in_bounded_windows(tmp_path):
+    """A batch whose rows pass max_gather_bytes goes to the engine in windows; same output."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    ref, path = _exported(tmp_path)
+    model = EmbeddingBagCollection(tables=tu.table_configs(), device=torch.device("meta"))
+    plan = plan_offload(model, world_size=1, ssd_tables=SSD, print_table=False)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
+                                   sharders=[SsdEmbeddingBagCollectionSharder(path, max_gather_bytes=4096)])
+    dmp.load_state_dict({k: v for k, v in ref.state_dict().items() if ".user." not in k and ".item." not in k},
+                        strict=False)
+    (mod,) = find_ssd_modules(dmp)
+    calls = []
+    backend = mod.ssd_backend
+    real = backend.sls
+    backend.sls = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    try:
+        kjt = tu.make_kjt(100, 4)
+        got, exp = tu.forward_dict(dmp, kjt), tu.forward_dict(ref, kjt)
+    finally:
+        del backend.sls
+    assert len(calls) > 1 and set(calls) == {3}  # windows, each one call for all three SSD features
+    for k in exp:
+        np.testing.assert_allclose(got[k], exp[k], atol=TOL, rtol=0, err_msg=k)

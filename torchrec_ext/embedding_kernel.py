@@ -45,10 +45,15 @@ def check_table_matches(backend, name: str, num_rows: int, dim: int, where: str)
 class SsdEmbeddingBag(BaseEmbedding):
     """Pooled lookups of a group of SSD tables through a recflash SLS backend."""
 
-    def __init__(self, config: GroupedEmbeddingConfig, backend, where: str = "SSD table group") -> None:
+    def __init__(self, config: GroupedEmbeddingConfig, backend, where: str = "SSD table group",
+                 max_gather_bytes: int = 16 << 20) -> None:
         super().__init__()
         self._config = config
         self._backend = backend
+        # The engine holds every looked-up row of a call while it pools (gathered and placed:
+        # about 2 x ids x row bytes). A batch whose rows would pass this is sent as several calls
+        # of whole bags, so serving memory stays bounded whatever the batch size.
+        self._max_gather_bytes = int(max_gather_bytes)
         if config.pooling == PoolingType.SUM:
             self._mode = "sum"
         elif config.pooling == PoolingType.MEAN:
@@ -93,18 +98,23 @@ class SsdEmbeddingBag(BaseEmbedding):
         if weights is not None and self._mode != "sum":
             raise InvalidArgumentError(f"SSD tables {', '.join(self.table_names())}: per-sample weights "
                                        f"need sum pooling, the tables pool by {self._mode}")
-        requests = []
-        for i, (_, table, _) in enumerate(self._features):
-            off = offsets[i * batch:(i + 1) * batch + 1]
-            a = int(off[0])
-            z = int(off[-1])
-            requests.append(SlsRequest(
-                table, values[a:z], off - a if a else off, mode=self._mode,
-                per_sample_weights=None if weights is None else weights[a:z], include_last_offset=True))
-        pooled = self._backend.sls(requests)
-        if len(pooled) == 1:
-            return pooled[0]
-        return torch.cat(pooled, dim=1)
+        need = 2 * sum(4 * dim for _, _, dim in self._features) * (values.numel() / max(1, len(self._features)))
+        windows = max(1, min(batch, int(-(-need // self._max_gather_bytes)))) if self._max_gather_bytes > 0 else 1
+        step = -(-batch // windows)
+        parts = []
+        for b0 in range(0, batch, step):
+            b1 = min(batch, b0 + step)
+            requests = []
+            for i, (_, table, _) in enumerate(self._features):
+                off = offsets[i * batch + b0:i * batch + b1 + 1]
+                a = int(off[0])
+                z = int(off[-1])
+                requests.append(SlsRequest(
+                    table, values[a:z], off - a if a else off, mode=self._mode,
+                    per_sample_weights=None if weights is None else weights[a:z], include_last_offset=True))
+            pooled = self._backend.sls(requests)  # every table of the group in one ring pass
+            parts.append(pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
     # The kernel holds no parameters: nothing for TorchRec's state_dict or optimizer to see.
     def named_parameters_by_table(self) -> Iterator[Tuple[str, torch.Tensor]]:

@@ -48,6 +48,7 @@ class SsdContext:
     sls_options: Dict[str, Any]
     rank: int
     world_size: int
+    max_gather_bytes: int = 16 << 20
 
     def backend(self):
         return open_backend(self.location, self.rank, self.world_size, self.sls_options)
@@ -65,7 +66,8 @@ class SsdGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         if config.compute_kernel == EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
             names = ", ".join(t.name for t in config.embedding_tables)
             return SsdEmbeddingBag(config, self._ssd_context.backend(),
-                                   where=f"SSD tables [{names}] on rank {self._ssd_context.rank}")
+                                   where=f"SSD tables [{names}] on rank {self._ssd_context.rank}",
+                                   max_gather_bytes=self._ssd_context.max_gather_bytes)
         return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
 
     def ssd_kernels(self) -> List[SsdEmbeddingBag]:
@@ -251,13 +253,17 @@ class SsdEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     only for planning. ``sls_options``: the SLS engine's cache options (``row_cache_bytes``,
     ``hot_rows_bytes``, ``pooled_cache_bytes``, ``pooled_min_bag``, ``device_cache_bytes``,
     ``vector_grained``) and ``writable`` (open a shared plain store path read-write).
+    ``max_gather_bytes`` bounds the rows one engine call holds: a larger batch is looked up in
+    windows of whole bags (each window one call, every table of the group in one ring pass).
     """
 
     def __init__(self, store_path=None, fused_params: Optional[Dict[str, Any]] = None,
-                 qcomm_codecs_registry=None, include_ssd_in_state_dict: bool = False, **sls_options) -> None:
+                 qcomm_codecs_registry=None, include_ssd_in_state_dict: bool = False,
+                 max_gather_bytes: int = 16 << 20, **sls_options) -> None:
         check_sls_options(sls_options)
         super().__init__(fused_params=fused_params, qcomm_codecs_registry=qcomm_codecs_registry)
         self.store_path = store_path
+        self.max_gather_bytes = int(max_gather_bytes)
         self.sls_options = sls_options
         self.include_ssd_in_state_dict = include_ssd_in_state_dict
 
@@ -272,7 +278,7 @@ class SsdEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         if self.store_path is None and any(p.compute_kernel == SSD_KERNEL for p in params.values()):
             raise InvalidArgumentError("SsdEmbeddingBagCollectionSharder: the plan puts tables on SSD but the "
                                        "sharder was made without a store path or device address")
-        ctx = SsdContext(self.store_path, dict(self.sls_options), env.rank, env.world_size)
+        ctx = SsdContext(self.store_path, dict(self.sls_options), env.rank, env.world_size, self.max_gather_bytes)
         return ShardedSsdEmbeddingBagCollection(
             module=module, table_name_to_parameter_sharding=params, env=env, fused_params=self.fused_params,
             device=device, qcomm_codecs_registry=self.qcomm_codecs_registry, module_fqn=module_fqn,

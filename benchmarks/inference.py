@@ -333,8 +333,11 @@ def child_main(cfg: dict) -> None:
                                 pooling_factors={n: shape.lookups for n in names})
         location = cfg["store"]
         if method == "recflash-device":
-            server, location = start_device_server(cfg["store"], Path(cfg["work"]), sls)
-            sls = {}
+            server, location = start_device_server(cfg["store"], Path(cfg["work"]), sls, cfg["model"])
+            import atexit
+
+            atexit.register(stop_server, server)  # also when this child fails
+            sls = {"timeout": 600.0}
         out["plan"] = {"ssd_tables": plan.tiering.ssd_tables, "dram_tables": plan.tiering.dram_tables,
                        "predicted_ssd_reads_per_sample": plan.tiering.ssd_reads_per_sample, "sls_options": sls}
         dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
@@ -423,8 +426,7 @@ def child_main(cfg: dict) -> None:
     if backend is not None:
         out["cache_stats"] = backend.cache_stats()
     if server is not None:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_server(server)
     Path(cfg["out"]).write_text(json.dumps(out))
 
 
@@ -469,8 +471,17 @@ def log_child(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def start_device_server(store: str, work: Path, sls: dict):
-    sock = work / "ndp" / "server.sock"
+def stop_server(p) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def start_device_server(store: str, work: Path, sls: dict, model: str):
+    sock = work / "ndp" / f"{model}.sock"  # one per model: a server is never reused across stores
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     exe = shutil.which("recflash", path=os.path.dirname(sys.executable)) or shutil.which("recflash") or "recflash"
     cmd = [exe, "ndp", "serve", "--store", store, "--listen", f"unix:{sock}"]

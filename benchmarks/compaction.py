@@ -64,6 +64,7 @@ Targets (printed pass/fail, never loosened), READER default, uniform updates, io
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -620,7 +621,7 @@ class ReaderRunner(Runner):
             engine_useful_bytes=int(self.engine_useful),
             pages_read_vs_ideal=float(self.log.pages.sum() / ideal[wl.reads].sum()),
             page_cache_dropped=getattr(self, "dropped", False), compact=self.compact_info,
-            options={k: v for k, v in vars(self.opts).items()},
+            options=dataclasses.asdict(self.opts),
             reader_stats=_reader_stats(self.s0, self.s1, self.s2, self.overrides, self.update_bytes),
             notes="read time = wall time of Store.scan() (Arrow table included; engine time in read_engine_time_s); "
                   "bytes from last_read_stats(); update bytes = stats() bytes_written delta over the update phase "
@@ -695,7 +696,7 @@ class ReaderAccountingRunner(Runner):
             metadata_bytes=s1["metadata_dram_bytes_per_item"] * wl.N, load_time_s=self.load_time,
             update_phase_wall_s=self.update_time,
             pages_read_vs_ideal=float(self.pages[wl.reads].sum() / ideal[wl.reads].sum()),
-            options={k: v for k, v in vars(self.opts).items()},
+            options=dataclasses.asdict(self.opts),
             reader_stats=_reader_stats(self.s0, s1, s1, self.overrides, self.update_bytes),
             notes="engine accounting mode (StoreOptions.accounting=True): identical layout decisions, no page I/O; "
                   "read costs from Store.account_scan(); space/metadata from stats() after the final flush "

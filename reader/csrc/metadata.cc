@@ -1,5 +1,8 @@
 #include "reader/csrc/metadata.h"
 
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 
@@ -122,6 +125,10 @@ size_t FeatureTable::MemoryBytes() const {
            f->pages.capacity() * 4;
   return b;
 }
+
+MetaStore::MetaStore() = default;
+
+void MetaStore::Close() { db_.reset(); }
 
 MetaStore::~MetaStore() { db_.reset(); }
 

@@ -12,8 +12,6 @@
 // page record on every flush under uniform updates; the "retired" flag is persisted instead
 // whenever a segment loses its last valid item, so stale records never come back.
 #pragma once
-#include <rocksdb/db.h>
-#include <rocksdb/write_batch.h>
 
 #include <cstdint>
 #include <memory>
@@ -25,6 +23,13 @@
 #include "reader/csrc/key_index.h"
 #include "reader/csrc/status.h"
 #include "reader/csrc/types.h"
+
+// RocksDB stays out of this header (every part of the Store includes it): the .cc files that
+// build write batches include <rocksdb/write_batch.h> themselves.
+namespace rocksdb {
+class DB;
+class WriteBatch;
+}  // namespace rocksdb
 
 namespace recflash {
 
@@ -134,6 +139,7 @@ struct PersistentState {
 // RocksDB-backed persistence of the tables.
 class MetaStore {
  public:
+  MetaStore();  // out of line, as the destructor: rocksdb::DB is incomplete here
   ~MetaStore();
   // Opens (creating if `create`) the RocksDB directory. read_only: RocksDB's read-only
   // instance (no LOCK taken, nothing written; a live writer's WAL is replayed in memory),
@@ -142,7 +148,7 @@ class MetaStore {
   // The state record as committed now (a fresh read-only open): lets a read-only handle
   // tell "a writer moved on since my snapshot" from real corruption.
   static Status ReadCurrentState(const std::string& dir, PersistentState* st);
-  void Close() { db_.reset(); }
+  void Close();
   Status ReadFormat(std::string* value, bool* found);
   Status WriteFormat(const std::string& value);
   Status LoadFeatures(std::vector<FeatureDef>* out);

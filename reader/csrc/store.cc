@@ -3,6 +3,8 @@
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/store_internal.h"
 
+#include <rocksdb/write_batch.h>
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>

@@ -47,6 +47,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from baselines.common import drop_caches  # noqa: E402  (sync + drop the page cache)
+
 MLPS = {  # RM-SSD Table III (bottom MLP, top MLP)
     "RM1": ([128, 64, 32], [256, 64, 1]),
     "RM2": ([256, 128, 64], [128, 64, 1]),
@@ -140,16 +142,6 @@ def diskstats_of(path: str):
             if int(p[0]) == major and int(p[1]) == minor:
                 return int(p[3]), int(p[5]) * 512
     return None
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 class MemoryCgroup:

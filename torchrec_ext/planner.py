@@ -156,7 +156,24 @@ def tier_tables(demands: Sequence[TableDemand], dram_budget_bytes: int) -> List[
 
 # -- estimators -------------------------------------------------------------------------------
 
-class SsdPerfEstimator(ShardEstimator):
+class _SsdAwareEstimator(ShardEstimator):
+    """TorchRec's own estimator for every kernel but the SSD one, which ``estimate_ssd`` prices."""
+
+    _default: ShardEstimator
+
+    def estimate(self, sharding_options, sharder_data_map) -> None:
+        rest = [so for so in sharding_options if so.compute_kernel != SSD_KERNEL]
+        if rest:
+            self._default.estimate(rest, sharder_data_map)
+        for so in sharding_options:
+            if so.compute_kernel == SSD_KERNEL:
+                self.estimate_ssd(so)
+
+    def estimate_ssd(self, so) -> None:
+        raise NotImplementedError
+
+
+class SsdPerfEstimator(_SsdAwareEstimator):
     """TorchRec's perf estimator, plus the SSD kernel: forward = device reads / device IOPS."""
 
     def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None,
@@ -166,20 +183,14 @@ class SsdPerfEstimator(ShardEstimator):
         self._iops = device_iops or 80_000.0  # SPEC's measured 512 B random-read IOPS when none is given
         self._default = EmbeddingPerfEstimator(topology, constraints, is_inference=True)
 
-    def estimate(self, sharding_options, sharder_data_map) -> None:
-        rest = [so for so in sharding_options if so.compute_kernel != SSD_KERNEL]
-        if rest:
-            self._default.estimate(rest, sharder_data_map)
-        for so in sharding_options:
-            if so.compute_kernel != SSD_KERNEL:
-                continue
-            reads = so.batch_size * sum(so.input_lengths) * self._topology.world_size  # whole global batch
-            ms = 1e3 * reads / self._iops
-            for shard in so.shards:
-                shard.perf = Perf(fwd_compute=ms, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0)
+    def estimate_ssd(self, so) -> None:
+        reads = so.batch_size * sum(so.input_lengths) * self._topology.world_size  # whole global batch
+        ms = 1e3 * reads / self._iops
+        for shard in so.shards:
+            shard.perf = Perf(fwd_compute=ms, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0)
 
 
-class SsdStorageEstimator(ShardEstimator):
+class SsdStorageEstimator(_SsdAwareEstimator):
     """TorchRec's storage estimator, plus the SSD kernel: rows on ``Storage.ssd``, never DDR."""
 
     def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None,
@@ -188,18 +199,12 @@ class SsdStorageEstimator(ShardEstimator):
         self._cache_bytes = int(cache_bytes)
         self._default = EmbeddingStorageEstimator(topology, constraints, is_inference=True)
 
-    def estimate(self, sharding_options, sharder_data_map) -> None:
-        rest = [so for so in sharding_options if so.compute_kernel != SSD_KERNEL]
-        if rest:
-            self._default.estimate(rest, sharder_data_map)
-        for so in sharding_options:
-            if so.compute_kernel != SSD_KERNEL:
-                continue
-            rows, dim = so.tensor.shape
-            row_bytes = self._row_bytes.get(so.name, 4 * dim)
-            for shard in so.shards:
-                # The SLS engine's caches are the only DRAM an SSD table uses.
-                shard.storage = Storage(hbm=0, ddr=self._cache_bytes, ssd=int(rows * row_bytes))
+    def estimate_ssd(self, so) -> None:
+        rows, dim = so.tensor.shape
+        row_bytes = self._row_bytes.get(so.name, 4 * dim)
+        for shard in so.shards:
+            # The SLS engine's caches are the only DRAM an SSD table uses.
+            shard.storage = Storage(hbm=0, ddr=self._cache_bytes, ssd=int(rows * row_bytes))
 
 
 # -- the public entry point -------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 
@@ -15,6 +16,8 @@
 namespace py = pybind11;
 using namespace recflash;
 
+void RegisterTestingBindings(py::module_& parent);  // testing_bindings.cc
+
 namespace {
 
 [[noreturn]] void Raise(const Status& s) {
@@ -25,6 +28,14 @@ namespace {
                                  "StaleSnapshotError"};
   py::object errors = py::module_::import("recflash.reader.errors");
   py::object cls = errors.attr(kClass[static_cast<int>(s.code())]);
+  if (s.sys_errno() != 0) {
+    // OS errors carry their errno (e.errno == errno.ENOSPC); a full disk has its own class.
+    if (s.sys_errno() == ENOSPC) cls = errors.attr("DiskFullError");
+    py::object exc = cls(s.message());
+    exc.attr("errno") = s.sys_errno();
+    PyErr_SetObject(cls.ptr(), exc.ptr());
+    throw py::error_already_set();
+  }
   PyErr_SetString(cls.ptr(), s.message().c_str());
   throw py::error_already_set();
 }
@@ -537,6 +548,7 @@ PYBIND11_MODULE(_native, m) {
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
   // Test-only: "reverse" delivers each window of io_uring completions in descending request
   // order (see IoRing::CompletionOrder); "arrival" restores the kernel's order.
+  RegisterTestingBindings(m);
   m.def("_set_io_completion_order", [](const std::string& order) {
     if (order == "arrival") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kArrival);
     else if (order == "reverse") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kReverse);

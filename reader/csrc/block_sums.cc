@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
 
 namespace recflash {
 
@@ -75,6 +76,7 @@ Status BlockSums::Save(const std::string& path) {
   const uint32_t crc = crc32c::Value(buf.data(), buf.size());
   put(&crc, 4);
   const std::string tmp = path + ".tmp";
+  if (const int e = RF_FAULT(kCheckpointWrite, tmp)) return Status::FromErrno("write", tmp, e);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno("open", tmp, errno);
   size_t done = 0;

@@ -1,4 +1,5 @@
 #include "reader/csrc/metadata.h"
+#include "reader/csrc/fault_injection.h"
 
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
@@ -209,9 +210,12 @@ void MetaStore::PutState(rocksdb::WriteBatch* b, const PersistentState& st) {
 Status MetaStore::Commit(rocksdb::WriteBatch* b) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
+  RF_KILL_POINT("meta.commit.before");
+  if (const int e = RF_FAULT(kMetaCommit, dir_)) return Status::FromErrno("metadata commit (RocksDB write)", dir_, e);
   bytes_committed_ += b->GetDataSize();
   rocksdb::Status s = db_->Write(wo, b);
   if (!s.ok()) return Status::IOError("metadata commit failed in '" + dir_ + "': " + s.ToString());
+  RF_KILL_POINT("meta.commit.after");
   return Status::OK();
 }
 

@@ -1,6 +1,7 @@
 #include "reader/csrc/store.h"
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -43,12 +44,14 @@ void Append(std::string* s, const T& v) {
 }
 
 Status SyncDir(const std::string& dir) {
+  RF_KILL_POINT("dir.sync.before");
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno("open", dir, errno);
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
   if (rc != 0) return Status::FromErrno("fsync", dir, err);
+  fault::DirSynced(dir);
   return Status::OK();
 }
 
@@ -680,6 +683,7 @@ constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": com
 Status Store::WriteCheckpoint() {
   // Streamed a feature at a time (a large key index is not copied whole), crc32c over all.
   const std::string tmp = path_ + "/CHECKPOINT.tmp";
+  if (const int e = RF_FAULT(kCheckpointWrite, tmp)) return Status::FromErrno("write", tmp, e);
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return Status::FromErrno("open", tmp, errno);
   uint32_t crc = 0;
@@ -721,6 +725,7 @@ Status Store::WriteCheckpoint() {
   ok = ok && std::fwrite(out.data(), 1, out.size(), f) == out.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   std::fclose(f);
   if (!ok) return Status::IOError("cannot write checkpoint '" + tmp + "'");
+  RF_KILL_POINT("checkpoint.before_rename");
   if (::rename(tmp.c_str(), (path_ + "/CHECKPOINT").c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
   return SyncDir(path_);
 }

@@ -114,7 +114,9 @@ void BlockSums::Load(const std::string& path) {
   std::memcpy(&bs, buf.data() + 12, 4);
   std::memcpy(&count, buf.data() + 16, 8);
   const size_t entry = 12 + 4ull * blocks_per_page_;
-  if (ps != page_size_ || bs != block_size_ || buf.size() != head + count * entry + 4) return;
+  if (ps != page_size_ || bs != block_size_ || count > (buf.size() - head - 4) / entry ||
+      buf.size() != head + count * entry + 4)
+    return;  // (the count bound first: a damaged count must not overflow the size check)
   std::memcpy(&crc, buf.data() + buf.size() - 4, 4);
   if (crc32c::Value(buf.data(), buf.size() - 4) != crc) return;
   std::unique_lock<std::shared_mutex> l(mu_);

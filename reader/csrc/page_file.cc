@@ -51,16 +51,23 @@ Status PageFile::Reserve(uint64_t slots) {
   const uint64_t ps = page_size_;
   const uint64_t step = std::clamp<uint64_t>(have * ps / 4, 1ull << 20, 256ull << 20) / ps;
   const uint64_t target = std::max(slots, have + std::max<uint64_t>(step, 1));
-  const int injected = RF_FAULT(kFallocate, path_);
-  if (injected) errno = injected;
-  if (injected || ::fallocate(fd_, 0, static_cast<off_t>(have * ps), static_cast<off_t>((target - have) * ps)) != 0) {
-    if (errno == EOPNOTSUPP) {  // e.g. tmpfs without it: plain extending writes still work
+  auto alloc = [&](uint64_t to) {
+    if (const int e = RF_FAULT(kFallocate, path_)) return e;
+    if (::fallocate(fd_, 0, static_cast<off_t>(have * ps), static_cast<off_t>((to - have) * ps)) != 0) return errno;
+    return 0;
+  };
+  uint64_t to = target;
+  int err = alloc(to);
+  // Allocating ahead is only an optimisation: on a nearly full disk take just what is needed.
+  if (err == ENOSPC && target > slots) err = alloc(to = slots);
+  if (err != 0) {
+    if (err == EOPNOTSUPP) {  // e.g. tmpfs without it: plain extending writes still work
       no_fallocate_ = true;
       return Status::OK();
     }
-    return Status::FromErrno("fallocate", path_, errno);
+    return Status::FromErrno("fallocate", path_, err);
   }
-  reserved_slots_ = target;
+  reserved_slots_ = to;
   RF_KILL_POINT("pages.reserve.after_fallocate");
   return Status::OK();
 }

@@ -362,6 +362,16 @@ Status Store::OpenImpl(const std::string& path) {
 Status Store::LoadTables(uint32_t* max_pid) {
   bool found = false;
   RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
+  if (!found && !o_.accounting) {
+    // The state record is committed with the first feature and every flush: pages without
+    // it mean RocksDB lost committed records (a damaged or truncated log or table), not a
+    // new store. Opening as empty would silently drop everything.
+    uint64_t slots = 0;
+    RF_RETURN_IF_ERROR(file_.SlotCount(&slots));
+    if (slots > 0)
+      return Status::Corruption("metadata database of store '" + path_ + "' holds no state record but pages.dat spans " +
+                                std::to_string(slots) + " pages: the RocksDB directory is damaged");
+  }
   std::vector<FeatureDef> defs;
   RF_RETURN_IF_ERROR(meta_.LoadFeatures(&defs));
   for (const auto& d : defs) {
@@ -413,8 +423,9 @@ Status Store::Recover() {
   RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
   current_ = BuildVersion(1);
   recovery_seconds_ = Now() - t0;
-  std::lock_guard<std::mutex> wl(write_mu_);
-  if (buffer_.bytes() >= o_.write_buffer_bytes) return FlushLocked(false);
+  // A replayed buffer at or above write_buffer_bytes is flushed by the next write, not here:
+  // the store must open (to be read, and to take the deletes that free space) also on a full
+  // disk, where this flush would fail.
   return Status::OK();
 }
 
@@ -758,6 +769,7 @@ bool Store::LoadCheckpoint() {
     const char* blob;
     size_t blob_len;
   };
+  if (nf > static_cast<size_t>(end - p) / 28) return false;  // each feature takes >= 28 bytes
   std::vector<F> fs(nf);
   for (auto& f : fs) {
     if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id)) return false;
@@ -1040,9 +1052,18 @@ Status Store::Write(WriteOp* w) {
     for (WriteOp* x : group) {
       if (!s.ok() || !logged) break;
       s = wal_.AppendParts(kWalBatch, x->parts.data(), x->parts.size());
+      // A failed append may have left part of a record in the log; replay stops there, so
+      // nothing appended behind it would survive: the store takes no more writes (RocksDB
+      // does the same on a WAL write error).
+      if (s.code() == Status::Code::kIOError) bg_error_ = s;
       sync = sync || x->sync;
     }
-    if (s.ok() && sync && logged) s = wal_.Sync();
+    if (s.ok() && sync && logged) {
+      s = wal_.Sync();
+      // After a failed fsync the kernel may have dropped the dirty pages; a later fsync
+      // could then succeed without them ("fsyncgate"): no acknowledgement after this one.
+      if (!s.ok()) bg_error_ = s;
+    }
     if (s.ok()) {
       std::lock_guard<std::mutex> l(mu_);
       for (WriteOp* x : group)
@@ -1075,7 +1096,9 @@ Status Store::Sync() {
   RF_RETURN_IF_ERROR(bg_error_);
   // Bulk-load mode has no log to sync: the buffer itself goes to pages.
   if (o_.bulk_load) return FlushLocked(true);
-  return wal_.Sync();
+  Status s = wal_.Sync();
+  if (!s.ok()) bg_error_ = s;  // see Write: a failed fsync is not retried
+  return s;
 }
 
 Status Store::Flush(bool force) {
@@ -1462,7 +1485,9 @@ void Store::ReleasePendingLocked() {
   }
   std::sort(release.begin(), release.end());
   for (const PageRun& r : CoalescePages(release, UINT32_MAX)) {
-    if (!o_.accounting) file_.Punch(r.first, r.count);  // best effort: the slot is reusable either way
+    // Best effort: the slot is reusable either way (a failure only keeps its old bytes
+    // allocated), so it is counted in stats rather than failing the flush.
+    if (!o_.accounting && !file_.Punch(r.first, r.count).ok()) punch_failures_++;
     for (uint32_t i = 0; i < r.count; i++) pages_.AddFree(r.first + i);
   }
 }
@@ -1521,7 +1546,8 @@ Status Store::Compact(const std::vector<std::string>& names) {
     for (uint32_t p : f->pages) tasks.push_back({p, d.id});
     merger_.stats().victims++;
     merger_.stats().pages_gathered += tasks.size();
-    RF_RETURN_IF_ERROR(RewriteLocked(tasks, true));
+    Status s = RewriteLocked(tasks, true);
+    if (!s.ok()) return bg_error_ = s;  // DRAM tables may be ahead of the metadata, as in a flush
   }
   return Status::OK();
 }
@@ -2757,7 +2783,9 @@ Status Store::Close() {
     if (bg_error_.ok()) s = FlushLocked(true);
     Status s2 = wal_.Sync();
     if (s.ok()) s = s2;
-    if (s.ok() && !o_.accounting) s = WriteCheckpoint();
+    // After a write error the tables in DRAM may be ahead of the committed metadata: no
+    // checkpoint of them (the next open rebuilds from the committed pages).
+    if (s.ok() && bg_error_.ok() && !o_.accounting) s = WriteCheckpoint();
     // Block checksums are a cache of verified page contents: losing them only costs a
     // whole-page read per page later, so a failure to save them does not fail the close.
     if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(path_ + "/BLOCKSUMS");
@@ -2839,6 +2867,7 @@ std::string Store::StatsJson() {
   j.KV("metadata_dram_bytes_per_item", live_items ? static_cast<double>(meta_bytes) / live_items : 0.0);
   j.KV("disk_bytes_per_item", live_items ? static_cast<double>(file_bytes) / live_items : 0.0);
   j.KV("flushes", static_cast<double>(flushes_));
+  j.KV("punch_failures", static_cast<double>(punch_failures_));
   j.KV("recovery_seconds", recovery_seconds_);
   j.KV("recovered_wal_records", static_cast<double>(recovered_wal_records_));
   j.Key("read_only");

@@ -4,12 +4,19 @@
 #include <fcntl.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <rocksdb/db.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 
+#include "reader/csrc/block_sums.h"
+#include "reader/csrc/crc32c.h"
 #include "reader/csrc/fault_injection.h"
+#include "reader/csrc/format.h"
+#include "reader/csrc/wal.h"
 #include "reader/csrc/io_ring.h"
 #include "reader/csrc/status.h"
 
@@ -86,6 +93,54 @@ Status StatusOf(int code, const std::string& m) {
   throw py::value_error("no status code " + std::to_string(code));
 }
 
+// Fuzz entry: a page's bytes (padded or cut to page_size). fix_checksum stamps the id and a
+// valid crc32c first, so the checks behind the checksum are reached too. Returns the number
+// of segments, or raises RuntimeError("Corruption: ...") — the same status a read gets.
+int DecodePage(const std::string& bytes, uint32_t page_size, uint32_t page_id, bool fix_checksum) {
+  AlignedBuffer buf(page_size);
+  std::memset(buf.data(), 0, page_size);
+  std::memcpy(buf.data(), bytes.data(), std::min<size_t>(bytes.size(), page_size));
+  if (fix_checksum && page_size >= 64) StampPageId(buf.data(), page_size, page_id);
+  PageView v;
+  Status s = PageView::Parse(buf.data(), page_size, page_id, "fuzz", &v);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  return static_cast<int>(v.nseg());
+}
+
+// Fuzz entry: the records of a WAL file (framing and record checksums), as (type, payload).
+py::list ReadWal(const std::string& path) {
+  py::list out;
+  bool torn = false;
+  Status s = ReadWalFile(path, [&](uint8_t type, const std::string& p) {
+    out.append(py::make_tuple(type, py::bytes(p)));
+    return Status::OK();
+  }, &torn);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  return out;
+}
+
+// Fuzz entry: overwrites the value of one metadata record of a closed store's RocksDB
+// directory: kind 0 a feature record, 1 a page record, 2 the state record; `pick` chooses
+// among the records of that kind.
+void MetaPut(const std::string& dir, int kind, int pick, const std::string& value) {
+  const char prefix = kind == 0 ? 'F' : kind == 1 ? 'P' : 'S';
+  rocksdb::Options o;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::vector<std::string> keys;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(std::string(1, prefix)); it->Valid() && it->key().size() && it->key()[0] == prefix; it->Next())
+    keys.push_back(it->key().ToString());
+  it.reset();
+  if (keys.empty()) throw std::runtime_error("no record of that kind");
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  s = db->Put(wo, keys[static_cast<size_t>(pick) % keys.size()], value);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+
 }  // namespace
 
 void RegisterTestingBindings(py::module_& parent) {
@@ -119,6 +174,16 @@ void RegisterTestingBindings(py::module_& parent) {
   m.def("track_power_loss", &fault::SetTracking, py::arg("on"), py::arg("seed") = 0);
   m.def("power_loss", [](int code) { fault::PowerLoss(code); }, py::arg("exit_code") = 86);
   m.def("status_to_string", [](int code, const std::string& msg) { return StatusOf(code, msg).ToString(); });
+  m.def("decode_page", &DecodePage, py::arg("data"), py::arg("page_size"), py::arg("page_id") = 0,
+        py::arg("fix_checksum") = false);
+  m.def("read_wal", &ReadWal, py::arg("path"));
+  m.def("meta_put", &MetaPut, py::arg("dir"), py::arg("kind"), py::arg("pick"), py::arg("value"));
+  m.def("load_block_sums", [](const std::string& path, uint32_t page_size, uint32_t block_size) {
+    BlockSums b(page_size, block_size);
+    b.Load(path);
+    return b.Has(0, 0);
+  });
+  m.def("crc32c", [](const std::string& data) { return crc32c::Value(data.data(), data.size()); });
   py::class_<TestRing>(m, "TestRing")
       .def(py::init<unsigned, uint32_t>(), py::arg("depth"), py::arg("slot_bytes"))
       .def("read_runs", &TestRing::ReadRuns)

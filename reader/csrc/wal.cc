@@ -106,6 +106,13 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
   if (!f) return Status::FromErrno("open", path, errno);
   Status s;
   std::string payload;
+  // A damaged length must not allocate beyond what the file holds (up to 4 GiB otherwise).
+  uint64_t left = 0;
+  if (std::fseek(f, 0, SEEK_END) == 0) {
+    const long end = std::ftell(f);
+    left = end > 0 ? static_cast<uint64_t>(end) : 0;
+  }
+  std::rewind(f);
   for (;;) {
     uint8_t hdr[9];
     size_t got = std::fread(hdr, 1, 9, f);
@@ -114,9 +121,15 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
       *torn_tail = true;
       break;
     }
+    left -= std::min<uint64_t>(left, 9);
     uint32_t crc, len;
     std::memcpy(&crc, hdr, 4);
     std::memcpy(&len, hdr + 4, 4);
+    if (len > left) {
+      *torn_tail = true;
+      break;
+    }
+    left -= len;
     payload.resize(len);
     if (std::fread(payload.data(), 1, len, f) != len) {
       *torn_tail = true;

@@ -120,7 +120,7 @@ class EmbeddingStore:
         reads of it are verified from the first lookup on. Returns the pages read (0 when all
         sums are held, or with ``StoreOptions(verify_block_reads=False)``)."""
         self.info(name)
-        return int(self.store._s.verify_rows(self.feature_name(name)))
+        return int(self.store.verify_rows(self.feature_name(name)))
 
     def update_rows(self, name: str, ids, rows) -> None:
         """New versions of some rows, visible to the next lookup (model update while serving)."""
@@ -143,7 +143,7 @@ class EmbeddingStore:
         t = self.info(name)
         ids = self._check_ids(t, ids)
         uniq, inv = np.unique(ids, return_inverse=True)
-        rows, st = self.store._s.gather_rows(self.feature_name(name), uniq.astype(np.uint64), vector_grained)
+        rows, st = self.store.gather_rows(self.feature_name(name), uniq, vector_grained)
         self.last_gather_stats = st
         return rows[inv]
 

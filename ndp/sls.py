@@ -51,7 +51,7 @@ class SlsEngine:
 
         self.tables = tables
         self.vector_grained = vector_grained
-        self._engine = _native.SlsEngine(tables.store._s, dict(
+        self._engine = _native.SlsEngine(tables.store.native_handle, dict(
             vector_grained=vector_grained, row_cache_bytes=int(row_cache_bytes),
             hot_rows_bytes=int(hot_rows_bytes), pooled_cache_bytes=int(pooled_cache_bytes),
             pooled_min_bag=int(pooled_min_bag), device_cache_bytes=int(device_cache_bytes),

@@ -482,6 +482,28 @@ class Store:
         self._s.features()  # raises StoreClosedError after close()
         return dict(getattr(self._tls, "stats", {}) or {})
 
+    # -- embedding rows ----------------------------------------------------------------
+    def gather_rows(self, feature: str, ids, vector_grained: bool = True) -> Tuple[np.ndarray, dict]:
+        """Rows of an embedding table (a ``fixed_size_list<float32, D>`` feature) for ``ids``
+        (ascending, unique) as a float32 array [len(ids), D], and the gather's statistics
+        (rows, buffer_rows, vector_rows, page_rows, device_reads, device_bytes, ...).
+        vector_grained: a row in a packed page is read as just the device blocks holding it
+        (verified against block checksums); otherwise rows are read with their whole page."""
+        return self._s.gather_rows(feature, _keys(ids, f"gather_rows('{feature}')"), bool(vector_grained))
+
+    def verify_rows(self, feature: str) -> int:
+        """Reads the packed pages of an embedding table whose block checksums are not held
+        yet (whole pages, page checksums verified) and takes their block checksums. Returns
+        the pages read."""
+        return int(self._s.verify_rows(feature))
+
+    @property
+    def native_handle(self):
+        """The engine's store object (``recflash._native.Store``), for engines bound into the
+        same native module (``recflash.ndp``'s SLS engine takes it). Not a user API: its
+        methods take raw buffers and skip this class's checks."""
+        return self._s
+
     # -- status ------------------------------------------------------------------------
     def stats(self) -> dict:
         return json.loads(self._s.stats_json())

@@ -1,26 +1,19 @@
-// Python bindings: one call per batch, numpy buffers in and out, the GIL released while the
-// engine works. Status codes become the exception classes of recflash.reader.errors.
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
+// Python bindings of the store: one call per batch, numpy buffers in and out, the GIL released
+// while the engine works. Status codes become the exception classes of recflash.reader.errors.
+// Only the store is bound here; ingest/csrc and ndp/csrc bind their own code.
+#include "reader/csrc/py_bindings.h"
+
 #include <pybind11/stl.h>
 
 #include <cerrno>
 #include <cstring>
 #include <memory>
 
-#include "ingest/csrc/criteo_tsv.h"
-#include "ingest/csrc/hex_ids.h"
-#include "ndp/csrc/sls.h"
-#include "reader/csrc/store.h"
-
-namespace py = pybind11;
-using namespace recflash;
+namespace recflash::bind {
 
 void RegisterTestingBindings(py::module_& parent);  // testing_bindings.cc
 
-namespace {
-
-[[noreturn]] void Raise(const Status& s) {
+void Raise(const Status& s) {
   static const char* kClass[] = {"RecflashError",      "UnknownFeatureError", "FeatureExistsError",
                                  "SchemaError",        "InvalidArgumentError", "ValueTooLargeError",
                                  "NotAStoreError",     "CorruptionError",     "StoreLockedError",
@@ -40,18 +33,7 @@ namespace {
   throw py::error_already_set();
 }
 
-void Check(const Status& s) {
-  if (!s.ok()) Raise(s);
-}
-
-// Moves a vector into a numpy array that owns it (no copy).
-template <typename V>
-py::array_t<typename V::value_type> ToNumpy(V&& v) {
-  using T = typename V::value_type;
-  auto* heap = new V(std::move(v));
-  py::capsule owner(heap, [](void* p) { delete static_cast<V*>(p); });
-  return py::array_t<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), owner);
-}
+namespace {
 
 py::dict ReadStatsDict(const ReadStats& st) {
   py::dict d;
@@ -72,6 +54,8 @@ py::tuple Column(ColumnData&& c, bool variable) {
   return py::make_tuple(ToNumpy(std::move(c.keys)), ToNumpy(std::move(c.values)), offsets, ToNumpy(std::move(c.found)));
 }
 
+}  // namespace
+
 py::dict GatherStatsDict(const GatherStats& g) {
   py::dict d;
   d["rows"] = g.rows;
@@ -86,150 +70,7 @@ py::dict GatherStatsDict(const GatherStats& g) {
   return d;
 }
 
-// requests: [(table, indices int64, offsets int64 (B + 1), weights float32 | None, mean)]
-struct ParsedRequests {
-  std::vector<ndp::SlsRequest> reqs;
-  std::vector<py::object> keep;  // arrays stay alive while the GIL is released
-  py::list outs;
-};
-
-ParsedRequests ParseSls(Store* store, const py::list& requests) {
-  ParsedRequests pr;
-  for (const auto& item : requests) {
-    auto t = item.cast<py::tuple>();
-    ndp::SlsRequest r;
-    r.table = t[0].cast<std::string>();
-    auto idx = t[1].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
-    auto off = t[2].cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
-    pr.keep.push_back(idx);
-    pr.keep.push_back(off);
-    if (off.size() < 1) Raise(Status::InvalidArgument("sls on table '" + r.table + "': offsets must have B + 1 entries"));
-    r.indices = idx.data();
-    r.num_indices = static_cast<size_t>(idx.size());
-    r.offsets = off.data();
-    r.num_bags = static_cast<size_t>(off.size()) - 1;
-    if (!t[3].is_none()) {
-      auto w = t[3].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
-      if (static_cast<size_t>(w.size()) != r.num_indices)
-        Raise(Status::InvalidArgument("sls on table '" + r.table + "': per_sample_weights must match indices"));
-      pr.keep.push_back(w);
-      r.weights = w.data();
-    }
-    r.mean = t[4].cast<bool>();
-    FeatureDef d;
-    Check(store->LookupFeature(r.table, &d));
-    r.dim = d.type == ValueType::kFixedFloat32 ? d.dim : 0;
-    py::array_t<float> out({static_cast<py::ssize_t>(r.num_bags), static_cast<py::ssize_t>(std::max<uint32_t>(r.dim, 1))});
-    r.out = out.mutable_data();
-    pr.outs.append(out);
-    pr.reqs.push_back(std::move(r));
-  }
-  return pr;
-}
-
-py::tuple RunSls(Store* store, ndp::SlsEngine* engine, const py::list& requests) {
-  ParsedRequests pr = ParseSls(store, requests);
-  ndp::SlsStats ss;
-  Status st;
-  {
-    py::gil_scoped_release nogil;
-    st = engine->Run(pr.reqs, &ss);
-  }
-  Check(st);
-  py::dict d;
-  d["lookups"] = ss.lookups;
-  d["unique_rows"] = ss.unique_rows;
-  d["gather"] = GatherStatsDict(ss.gather);
-  d["seconds"] = ss.seconds;
-  return py::make_tuple(pr.outs, d);
-}
-
-// parse_hex_ids(offsets int32[n + 1], data uint8[], validity uint8[] | None, bit_offset)
-//   -> (values int64[m], keep bool[n] | None when every entry has a value, bad int64[] | None)
-py::tuple ParseHexIdsPy(py::array_t<int32_t, py::array::c_style> offsets, py::array_t<uint8_t, py::array::c_style> data,
-                        py::object validity, int64_t bit_offset) {
-  if (offsets.size() < 1) throw py::value_error("parse_hex_ids: offsets need n + 1 entries");
-  const size_t n = static_cast<size_t>(offsets.size() - 1);
-  const int32_t* off = offsets.data();
-  if (off[0] < 0 || off[n] < off[0] || static_cast<size_t>(off[n]) > static_cast<size_t>(data.size()))
-    throw py::value_error("parse_hex_ids: offsets out of the data's bounds");
-  const uint8_t* bits = nullptr;
-  py::array_t<uint8_t, py::array::c_style> vb;
-  if (!validity.is_none()) {
-    vb = validity.cast<py::array_t<uint8_t, py::array::c_style>>();
-    if (static_cast<size_t>(vb.size()) * 8 < static_cast<size_t>(bit_offset) + n)
-      throw py::value_error("parse_hex_ids: validity bitmap too short");
-    bits = vb.data();
-  }
-  py::array_t<int64_t> values(static_cast<py::ssize_t>(n));
-  py::array_t<bool> keep(static_cast<py::ssize_t>(n));
-  std::vector<int64_t> bad;
-  size_t m;
-  {
-    py::gil_scoped_release nogil;
-    m = recflash::ingest::ParseHexIds(off, data.data(), bits, bit_offset, n, values.mutable_data(),
-                                      reinterpret_cast<uint8_t*>(keep.mutable_data()), &bad);
-  }
-  values.resize({static_cast<py::ssize_t>(m)});
-  py::object keep_out = m == n ? py::object(py::none()) : py::object(keep);
-  py::object bad_out = py::none();
-  if (!bad.empty()) {
-    py::array_t<int64_t> b(static_cast<py::ssize_t>(bad.size()));
-    std::memcpy(b.mutable_data(), bad.data(), bad.size() * 8);
-    bad_out = b;
-  }
-  return py::make_tuple(values, keep_out, bad_out);
-}
-
-// parse_criteo_block(data: buffer, has_label) -> None (not for the fast path: use the general
-// parser) or (rows, [(values, present bool[rows] | None), ...] one per field in layout order;
-// the label's values are float32, the others int64).
-py::object ParseCriteoBlockPy(py::buffer data, bool has_label) {
-  py::buffer_info info = data.request();
-  const auto* p = static_cast<const uint8_t*>(info.ptr);
-  const size_t n = static_cast<size_t>(info.size * info.itemsize);
-  recflash::ingest::CriteoColumns cols;
-  bool ok;
-  {
-    py::gil_scoped_release nogil;
-    ok = recflash::ingest::ParseCriteoBlock(p, n, has_label, &cols);
-  }
-  if (!ok) return py::none();
-  py::list fields;
-  for (size_t f = 0; f < cols.values.size(); f++) {
-    py::object values;
-    if (has_label && f == 0) {
-      py::array_t<float> a(static_cast<py::ssize_t>(cols.labels.size()));
-      std::memcpy(a.mutable_data(), cols.labels.data(), cols.labels.size() * sizeof(float));
-      values = a;
-    } else {
-      py::array_t<int64_t> a(static_cast<py::ssize_t>(cols.values[f].size()));
-      std::memcpy(a.mutable_data(), cols.values[f].data(), cols.values[f].size() * 8);
-      values = a;
-    }
-    py::object present = py::none();
-    if (cols.missing[f]) {
-      py::array_t<bool> m(static_cast<py::ssize_t>(cols.rows));
-      std::memcpy(m.mutable_data(), cols.present[f].data(), cols.rows);
-      present = m;
-    }
-    fields.append(py::make_tuple(values, present));
-  }
-  return py::make_tuple(cols.rows, fields);
-}
-
-// count_lines(data: buffer) -> lines (newlines, plus a last line without one)
-size_t CountLinesPy(py::buffer data) {
-  py::buffer_info info = data.request();
-  py::gil_scoped_release nogil;
-  return recflash::ingest::CountLines(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
-}
-
-// Sets `field` from options[key] when present (options dicts come from Python dataclasses).
-template <typename T>
-void GetOpt(const py::dict& options, const char* key, T& field) {
-  if (options.contains(key)) field = options[key].cast<T>();
-}
+namespace {
 
 StoreOptions OptionsFromDict(const py::dict& d) {
   StoreOptions o;
@@ -419,13 +260,6 @@ class PyStore {
     return pages;
   }
 
-  py::tuple Sls(const py::list& requests, bool vector_grained) {
-    ndp::SlsOptions o;
-    o.vector_grained = vector_grained;
-    ndp::SlsEngine engine(s_.get(), o);
-    return RunSls(s_.get(), &engine, requests);
-  }
-
   Store* store() { return s_.get(); }
 
   // (min_key, max_key, items) per page of the feature, ascending by min_key.
@@ -466,57 +300,15 @@ class PyStore {
   std::unique_ptr<Store> s_;
 };
 
-// An SLS engine with caches, bound to an open store (kept alive by the Python object).
-class PySlsEngine {
- public:
-  PySlsEngine(py::object store, const py::dict& opts) : store_obj_(store) {
-    store_ = store.cast<PyStore&>().store();
-    ndp::SlsOptions o;
-    auto get = [&](const char* k, auto& field) { GetOpt(opts, k, field); };
-    get("vector_grained", o.vector_grained);
-    get("row_cache_bytes", o.row_cache_bytes);
-    get("hot_rows_bytes", o.hot_rows_bytes);
-    get("pooled_cache_bytes", o.pooled_cache_bytes);
-    get("pooled_min_bag", o.pooled_min_bag);
-    get("device_cache_bytes", o.device_cache_bytes);
-    get("expected_tables", o.expected_tables);
-    engine_ = std::make_unique<ndp::SlsEngine>(store_, o);
-  }
-  py::tuple Run(const py::list& requests) { return RunSls(store_, engine_.get(), requests); }
-  void Profile(const py::list& requests) {
-    ParsedRequests pr = ParseSls(store_, requests);
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = engine_->Profile(pr.reqs);
-    }
-    Check(st);
-  }
-  void Invalidate(const std::string& table, py::array_t<uint64_t, py::array::c_style> ids) {
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = engine_->Invalidate(table, ids.data(), ids.size());
-    }
-    Check(st);
-  }
-  std::string CacheStats() { return engine_->CacheStatsJson(); }
-
- private:
-  py::object store_obj_;
-  Store* store_;
-  std::unique_ptr<ndp::SlsEngine> engine_;
-};
-
 }  // namespace
 
-PYBIND11_MODULE(_native, m) {
-  m.doc() = "recflash storage engine (C++20, io_uring, O_DIRECT, RocksDB metadata)";
-  m.def("parse_criteo_block", &ParseCriteoBlockPy, py::arg("data"), py::arg("has_label"),
-        "Criteo TSV block -> columns, or None outside the fast path; see ingest/csrc/criteo_tsv.h");
-  m.def("count_lines", &CountLinesPy, py::arg("data"));
-  m.def("parse_hex_ids", &ParseHexIdsPy, py::arg("offsets"), py::arg("data"), py::arg("validity"),
-        py::arg("bit_offset"), "Hex id strings (Arrow string buffers) -> int64 values; see ingest/csrc/hex_ids.h");
+Store* StoreOf(const py::object& native_store) {
+  if (!py::isinstance<PyStore>(native_store))
+    throw py::type_error("expected a recflash._native.Store, got " + std::string(py::str(py::type::handle_of(native_store).attr("__name__"))));
+  return native_store.cast<PyStore&>().store();
+}
+
+void InitReader(py::module_& m) {
   py::class_<PyStore>(m, "Store")
       .def_static("open", &PyStore::Open, py::arg("path"), py::arg("options"))
       .def("create_feature", &PyStore::CreateFeature)
@@ -535,23 +327,18 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("read_only", &PyStore::read_only)
       .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
       .def("verify_rows", &PyStore::VerifyRows, py::arg("feature"))
-      .def("sls", &PyStore::Sls, py::arg("requests"), py::arg("vector_grained") = true)
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);
-  py::class_<PySlsEngine>(m, "SlsEngine")
-      .def(py::init<py::object, const py::dict&>(), py::arg("store"), py::arg("options"))
-      .def("run", &PySlsEngine::Run)
-      .def("profile", &PySlsEngine::Profile)
-      .def("invalidate", &PySlsEngine::Invalidate)
-      .def("cache_stats", &PySlsEngine::CacheStats);
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
+  RegisterTestingBindings(m);  // recflash._native._testing (fault injection, kill points)
   // Test-only: "reverse" delivers each window of io_uring completions in descending request
   // order (see IoRing::CompletionOrder); "arrival" restores the kernel's order.
-  RegisterTestingBindings(m);
   m.def("_set_io_completion_order", [](const std::string& order) {
     if (order == "arrival") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kArrival);
     else if (order == "reverse") IoRing::SetCompletionOrderForTesting(IoRing::CompletionOrder::kReverse);
     else throw py::value_error("completion order must be 'arrival' or 'reverse', got '" + order + "'");
   });
 }
+
+}  // namespace recflash::bind

@@ -16,6 +16,22 @@
 // WAL start; (4) only then are old WAL files deleted and freed slots made reusable. A crash
 // before (3) leaves the previous metadata pointing at untouched pages and the WAL replays the
 // rest; a crash after (3) leaves orphaned slots that recovery treats as free.
+//
+// Lock order (a thread holding one may take only those after it):
+//   write_mu_  ->  lazy_mu_  ->  mu_  ->  ring pools' own locks
+// queue_mu_ (the group-commit queue) is never held together with another lock: the head
+// writer releases it before taking write_mu_ and retakes it after releasing write_mu_.
+// Functions named ...Locked say beside their declaration which lock they need. Writer-side
+// tables (features_, pages_, pstate_, the planners) are read and changed under write_mu_;
+// what readers reach (buffer_, defs_, the key indexes, the VersionSet) changes under both
+// write_mu_ and mu_, so readers need only mu_. The annotations (RF_GUARDED_BY, RF_REQUIRES)
+// are Clang thread-safety attributes; they document the rule under GCC.
+//
+// Sources by concern: store.cc (lifetime, feature catalog, close), store_open.cc (open,
+// recovery, checkpoint), store_write.cc (group commit, flush, page commit),
+// store_rewrite.cc (merge and reclamation execution), store_read.cc (scans, get),
+// store_gather.cc (embedding-row gathers), store_stats.cc (stats JSON); version_set.h,
+// scan_merge.h, write_batch.h and filename.h hold what they extract.
 #pragma once
 #include <atomic>
 #include <cstdlib>
@@ -37,6 +53,8 @@
 #include "reader/csrc/page_file.h"
 #include "reader/csrc/pinner.h"
 #include "reader/csrc/status.h"
+#include "reader/csrc/thread_annotations.h"
+#include "reader/csrc/version_set.h"
 #include "reader/csrc/wal.h"
 #include "reader/csrc/write_buffer.h"
 
@@ -123,18 +141,6 @@ struct ColumnData {
   std::vector<uint8_t> found;    // get(): 1 where the key has a value
 };
 
-// Snapshot of which pages hold each feature's valid items. (A read-only handle that has not
-// built its key index counts every record of a non-retired segment as valid: reads stay
-// exact because the newest seq wins per key, only direct placement needs disjoint pages.)
-struct PageRef {
-  uint32_t page;
-  uint32_t count;
-  uint32_t valid;
-  uint32_t tombs;
-  bool solo;  // the page holds only this feature's segment
-  uint64_t seq;
-  uint64_t min_key, max_key;
-};
 // What a row gather did (see Store::GatherRows).
 struct GatherStats {
   uint64_t rows = 0;          // unique rows requested
@@ -155,11 +161,6 @@ struct GatherRequest {
   size_t n = 0;
   float* out = nullptr;           // n x dim, written
   GatherStats* stats = nullptr;
-};
-
-struct Version {
-  uint64_t number = 0;
-  std::vector<std::shared_ptr<const std::vector<PageRef>>> features;  // by feature id
 };
 
 class Store {
@@ -236,7 +237,6 @@ class Store {
     const BufferedItems* items;
     uint64_t bytes;  // logical bytes (8 + value per item)
   };
-  class ReaderGuard;
 
   explicit Store(const StoreOptions& o);
   Status OpenImpl(const std::string& path);
@@ -253,6 +253,7 @@ class Store {
   // index_lazy). Thread-safe; call before touching f->index.
   Status LoadIndex(FeatureState* f);
   FeatureState* FeatureStateFor(uint32_t fid);
+  // Needs write_mu_ and mu_ (or the open, before the store is shared).
   void ResetDerivedLocked();
   Status CheckWritable();
   // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
@@ -267,30 +268,32 @@ class Store {
   Status ReplayWal(uint64_t* max_number);
 
   Status Write(WriteOp* w);
-  Status FlushLocked(bool force);
-  Status MaintainLocked();
-  Status RewriteLocked(const std::vector<MoveTask>& tasks, bool merge);
+  // The writer side: every ...Locked function below needs write_mu_ held (they take mu_
+  // themselves, briefly, where readers could see what they change) unless it says otherwise.
+  Status FlushLocked(bool force) RF_REQUIRES(write_mu_);
+  Status MaintainLocked() RF_REQUIRES(write_mu_);
+  Status RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) RF_REQUIRES(write_mu_);
   // Packs records (grouped by feature, ascending keys) into pages, writes them durably and
   // updates the tables; fills `dirty`/`freed` for the commit.
   // Appends (runs) come first, then the records.
   Status WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector<Rec>& recs, std::set<uint32_t>* dirty,
-                            std::set<uint32_t>* freed, uint64_t* pages_written);
+                            std::set<uint32_t>* freed, uint64_t* pages_written) RF_REQUIRES(write_mu_);
   // Whether the buffered items only append to the feature (puts above every stored key).
   static bool IsAppend(const FeatureState* f, const BufferedItems& b);
   // Builds the key index of a deferred feature by reading its pages (see KeyIndex).
-  Status MaterializeIndexLocked(FeatureState* f);
-  void InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed);
+  Status MaterializeIndexLocked(FeatureState* f) RF_REQUIRES(write_mu_);
+  // Needs write_mu_ and mu_: it changes a key index readers consult.
+  void InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed)
+      RF_REQUIRES(write_mu_, mu_);
   template <typename PagePtr>
-  Status WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr);
+  Status WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr) RF_REQUIRES(write_mu_);
   void UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<uint32_t>& rec_page,
                           const std::vector<uint32_t>& ids, const std::vector<std::vector<SegmentSummary>>& summaries,
-                          const std::vector<uint64_t>& seqs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed);
-  Status CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed);
-  void InstallLocked(const std::set<uint32_t>& freed);
-  void ReleasePendingLocked();
-  std::shared_ptr<const Version> BuildVersion(uint64_t number);
-  // Deferred index: the page whose segment's key range holds `key`, or UINT32_MAX.
-  static uint32_t DeferredPage(const Version& v, uint32_t fid, uint64_t key);
+                          const std::vector<uint64_t>& seqs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed)
+      RF_REQUIRES(write_mu_);
+  Status CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) RF_REQUIRES(write_mu_);
+  // Pages no reader can still see become free slots (punched). Takes mu_ (VersionSet).
+  void ReleasePendingLocked() RF_REQUIRES(write_mu_);
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);
@@ -313,34 +316,31 @@ class Store {
   std::once_flag block_sums_loaded_;
 
   // Writer side (guarded by write_mu_).
-  std::mutex write_mu_;
-  std::mutex lazy_mu_;  // decoding lazily loaded key indexes
-  WalWriter wal_;
-  uint64_t wal_number_ = 0;
-  PersistentState pstate_;
+  std::mutex write_mu_ RF_ACQUIRED_BEFORE(lazy_mu_);
+  std::mutex lazy_mu_ RF_ACQUIRED_BEFORE(mu_);  // decoding lazily loaded key indexes
+  WalWriter wal_ RF_GUARDED_BY(write_mu_);
+  uint64_t wal_number_ RF_GUARDED_BY(write_mu_) = 0;
+  PersistentState pstate_ RF_GUARDED_BY(write_mu_);
   FeatureTable features_;
   LogicalPageTable pages_;
-  Pinner pinner_;
-  Merger merger_;
-  Reclaimer reclaimer_;
-  Status bg_error_;
-  std::vector<std::pair<uint64_t, uint32_t>> pending_free_;  // (version that dropped it, page)
+  Pinner pinner_ RF_GUARDED_BY(write_mu_);
+  Merger merger_ RF_GUARDED_BY(write_mu_);
+  Reclaimer reclaimer_ RF_GUARDED_BY(write_mu_);
+  Status bg_error_ RF_GUARDED_BY(write_mu_);
   std::vector<AlignedBuffer> write_blocks_;                  // page staging for writes, reused
 
   // Group commit queue.
   std::mutex queue_mu_;
-  std::deque<WriteOp*> writers_;
+  std::deque<WriteOp*> writers_ RF_GUARDED_BY(queue_mu_);
 
   // Shared with readers (guarded by mu_).
   std::mutex mu_;
-  std::condition_variable readers_cv_;
-  WriteBuffer buffer_;
-  std::shared_ptr<const Version> current_;
-  std::multiset<uint64_t> readers_;
-  std::map<std::string, FeatureDef> defs_;  // name -> definition (readers resolve names here)
+  WriteBuffer buffer_ RF_GUARDED_BY(mu_);
+  VersionSet versions_{&mu_};
+  std::map<std::string, FeatureDef> defs_ RF_GUARDED_BY(mu_);  // name -> definition (readers resolve names here)
   // The key index already describes pages of a version not yet installed (between a flush's
-  // or merge's table update and its install): readers must not pair it with current_.
-  bool index_ahead_ = false;
+  // or merge's table update and its install): readers must not pair it with the current version.
+  bool index_ahead_ RF_GUARDED_BY(mu_) = false;
   std::atomic<bool> closed_{false};
 
   // Counters.

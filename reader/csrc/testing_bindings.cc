@@ -143,6 +143,8 @@ void MetaPut(const std::string& dir, int kind, int pick, const std::string& valu
 
 }  // namespace
 
+namespace recflash::bind {
+
 void RegisterTestingBindings(py::module_& parent) {
   py::module_ m = parent.def_submodule("_testing", "test-only fault injection and engine probes");
   m.def("kinds", [] {
@@ -189,3 +191,5 @@ void RegisterTestingBindings(py::module_& parent) {
       .def("read_runs", &TestRing::ReadRuns)
       .def_property_readonly("broken", &TestRing::broken);
 }
+
+}  // namespace recflash::bind

@@ -146,23 +146,14 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
   return s;
 }
 
-std::string WalFileName(const std::string& dir, uint64_t number) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%06llu.log", static_cast<unsigned long long>(number));
-  return dir + "/" + buf;
-}
-
 Status ListWalFiles(const std::string& dir, std::vector<uint64_t>* numbers) {
   numbers->clear();
   DIR* d = ::opendir(dir.c_str());
   if (!d) return Status::FromErrno("opendir", dir, errno);
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".log") == 0) {
-      char* end = nullptr;
-      unsigned long long n = std::strtoull(name.c_str(), &end, 10);
-      if (end && std::string(end) == ".log") numbers->push_back(n);
-    }
+    uint64_t n;
+    if (ParseWalFileName(name, &n)) numbers->push_back(n);
   }
   ::closedir(d);
   std::sort(numbers->begin(), numbers->end());

@@ -16,6 +16,7 @@
 
 #include <sys/uio.h>
 
+#include "reader/csrc/filename.h"  // WalFileName
 #include "reader/csrc/status.h"
 
 namespace recflash {
@@ -50,7 +51,6 @@ class WalWriter {
 Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t type, const std::string& payload)>& fn,
                    bool* torn_tail);
 
-std::string WalFileName(const std::string& dir, uint64_t number);
 // Numbers of the log files in dir, ascending.
 Status ListWalFiles(const std::string& dir, std::vector<uint64_t>* numbers);
 

@@ -1,0 +1,371 @@
+#include "reader/csrc/store.h"
+
+#include "reader/csrc/crc32c.h"
+#include "reader/csrc/store_internal.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+namespace recflash {
+
+namespace fs = std::filesystem;
+using namespace store_internal;
+
+// ---------------------------------------------------------------------------------------
+// Embedding rows (the NDP engine's gather)
+
+Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n, bool vector_grained, float* out,
+                         GatherStats* st) {
+  std::vector<GatherRequest> one(1);
+  one[0].feature = name;
+  one[0].ids = ids;
+  one[0].n = n;
+  one[0].out = out;
+  one[0].stats = st;
+  return GatherRowsMany(one, vector_grained, nullptr);
+}
+
+BlockSums* Store::LoadedBlockSums() {
+  if (!o_.verify_block_reads || !block_sums_) return nullptr;
+  std::call_once(block_sums_loaded_, [this] { block_sums_->Load(StoreFileName(path_, FileKind::kBlockSums)); });
+  return block_sums_.get();
+}
+
+Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector_grained, const GatherDoneFn& done) {
+  const double t0 = Now();
+  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckReadable());
+  RF_RETURN_IF_ERROR(EnsureKeyIndex());
+  // Block reads are verified against checksums a whole-page read took; a read-only handle may
+  // race a writer reusing slots, so it reads whole (verified, seq-checked) pages only.
+  if (o_.read_only) vector_grained = false;
+  const size_t nr = reqs.size();
+  std::vector<FeatureDef> defs(nr);
+  for (size_t r = 0; r < nr; r++) {
+    const GatherRequest& q = reqs[r];
+    RF_RETURN_IF_ERROR(FeatureFor(q.feature, &defs[r]));
+    RF_RETURN_IF_ERROR(LoadIndex(FeatureStateFor(defs[r].id)));
+    if (defs[r].type != ValueType::kFixedFloat32)
+      return Status::Schema("feature '" + q.feature + "' is " + defs[r].TypeString() +
+                            "; embedding rows need fixed_size_list<float32, D>");
+    for (size_t i = 1; i < q.n; i++)
+      if (q.ids[i] <= q.ids[i - 1]) return Status::InvalidArgument("row ids for '" + q.feature + "' must be ascending and unique");
+    *q.stats = GatherStats();
+    q.stats->rows = q.n;
+  }
+  const uint32_t ps = o_.page_size;
+  constexpr uint32_t kNone = UINT32_MAX;
+  std::vector<std::vector<uint32_t>> locs(nr);
+  std::shared_ptr<const Version> v;
+  std::vector<uint8_t> deferred(nr, 0);  // the request's table keeps no key index (see KeyIndex)
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    for (size_t r = 0; r < nr; r++) {
+      const GatherRequest& q = reqs[r];
+      const FeatureDef& def = defs[r];
+      const uint32_t w = def.fixed_width();
+      std::vector<uint32_t>& loc = locs[r];
+      loc.assign(q.n, kNone);
+      FeatureBuffer* fb = buffer_.find(def.id);
+      if (fb) fb->Normalize();
+      const FeatureState* f = features_.Get(def.id);
+      size_t hint = 0, j = 0;
+      for (size_t i = 0; i < q.n; i++) {
+        if (fb) {
+          const BufferedItems& b = fb->items();
+          j = std::lower_bound(b.keys.begin() + j, b.keys.end(), q.ids[i]) - b.keys.begin();
+          if (j < b.size() && b.keys[j] == q.ids[i]) {
+            if (b.tomb[j])
+              return Status::InvalidArgument("row " + std::to_string(q.ids[i]) + " of table '" + q.feature + "' was deleted");
+            std::memcpy(q.out + i * def.dim, b.value(j), w);
+            q.stats->buffer_rows++;
+            continue;
+          }
+        }
+        auto not_stored = [&](uint64_t id) {
+          return Status::InvalidArgument("row " + std::to_string(id) + " is not in table '" + q.feature + "' (" +
+                                         std::to_string(f->live_items) + " rows stored)");
+        };
+        if (f->index.deferred()) {  // the one segment whose key range holds the row (checked on read)
+          deferred[r] = 1;
+          loc[i] = versions_.current()->DeferredPage(def.id, q.ids[i]);
+          if (loc[i] == UINT32_MAX) return not_stored(q.ids[i]);
+          continue;
+        }
+        const int64_t pos = f->index.FindFrom(q.ids[i], &hint);
+        if (pos == KeyIndex::kAbsent || (f->index.loc(static_cast<size_t>(pos)) & KeyIndex::kTomb))
+          return not_stored(q.ids[i]);
+        loc[i] = f->index.loc(static_cast<size_t>(pos));
+      }
+    }
+    v = versions_.RegisterLocked();
+  }
+  VersionSet::Reader guard(&versions_, v->number);
+  BlockSums* sums = vector_grained ? LoadedBlockSums() : nullptr;
+
+  // Rows still to arrive per request; a request is handed to `done` when its count reaches 0.
+  std::vector<size_t> pending(nr, 0);
+  std::vector<size_t> ready;
+  auto arrived = [&](uint32_t r) {
+    if (--pending[r] == 0) ready.push_back(r);
+  };
+  auto run_ready = [&]() -> Status {
+    while (!ready.empty()) {
+      const size_t r = ready.back();
+      ready.pop_back();
+      reqs[r].stats->seconds = Now() - t0;
+      if (done) RF_RETURN_IF_ERROR(done(r));
+    }
+    return Status::OK();
+  };
+
+  // Computed addresses for rows in packed pages; everything else goes through its page.
+  struct Need {
+    uint64_t off;
+    uint64_t seq;  // the page version the address was computed for
+    uint32_t r, i;
+  };
+  struct PageNeed {
+    uint32_t page, r, i;
+    bool take_sums;  // a packed page read whole to take its block checksums
+  };
+  std::vector<Need> needs;
+  std::vector<PageNeed> by_page;
+  static const std::vector<PageRef> kNoRefs;
+  for (uint32_t r = 0; r < nr; r++) {
+    const GatherRequest& q = reqs[r];
+    const FeatureDef& def = defs[r];
+    const uint32_t w = def.fixed_width();
+    const uint64_t row_base = SoloRowBase(w);
+    const std::vector<PageRef>& refs =
+        def.id < v->features.size() && v->features[def.id] ? *v->features[def.id] : kNoRefs;
+    for (uint32_t i = 0; i < q.n; i++) {
+      const uint32_t loc = locs[r][i];
+      if (loc == kNone) continue;
+      pending[r]++;
+      const PageRef* ref = nullptr;
+      auto it = std::upper_bound(refs.begin(), refs.end(), q.ids[i], [](uint64_t k, const PageRef& x) { return k < x.min_key; });
+      for (int steps = 0; it != refs.begin() && steps < 16; steps++) {
+        --it;
+        if (it->page == loc) {
+          ref = &*it;
+          break;
+        }
+      }
+      if (vector_grained && ref && ref->solo && ref->tombs == 0 && ref->valid == ref->count &&
+          ref->max_key - ref->min_key + 1 == ref->count) {
+        needs.push_back({static_cast<uint64_t>(loc) * ps + row_base + (q.ids[i] - ref->min_key) * w, ref->seq, r, i});
+      } else {
+        by_page.push_back({loc, r, i, false});
+      }
+    }
+    if (pending[r] == 0) ready.push_back(r);
+  }
+
+  if (!needs.empty()) {
+    // Blocks: each need's device blocks, adjacent ones of a page merged up to 4 KiB. With
+    // verification, a block whose page has no sums for this version moves its rows to the
+    // page path, which takes the sums (first touch).
+    std::sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) { return a.off < b.off; });
+    const uint64_t bs = block_size_;
+    std::vector<IoRing::Block> blocks;
+    std::vector<size_t> first_need;   // blocks[k] serves needs[first_need[k] .. first_need[k + 1])
+    std::vector<size_t> first_sum;    // blocks[k]'s expected sums: expect[first_sum[k] ..]
+    std::vector<uint32_t> expect;
+    std::vector<Need> kept;
+    kept.reserve(needs.size());
+    auto close_block = [&]() {
+      if (blocks.empty() || !sums) return;
+      const IoRing::Block& b = blocks.back();
+      const uint32_t page = static_cast<uint32_t>(b.offset / ps);
+      const uint32_t count = b.len / static_cast<uint32_t>(bs);
+      const size_t at = expect.size();
+      expect.resize(at + count);
+      if (sums->Lookup(page, kept[first_need.back()].seq, static_cast<uint32_t>((b.offset % ps) / bs), count, expect.data() + at)) {
+        first_sum.push_back(at);
+        return;
+      }
+      expect.resize(at);
+      for (size_t k = first_need.back(); k < kept.size(); k++) by_page.push_back({page, kept[k].r, kept[k].i, true});
+      kept.resize(first_need.back());
+      blocks.pop_back();
+      first_need.pop_back();
+    };
+    for (const Need& nd : needs) {
+      const uint32_t w = defs[nd.r].fixed_width();
+      const uint64_t lo = nd.off / bs * bs;
+      const uint64_t hi = (nd.off + w + bs - 1) / bs * bs;
+      if (!blocks.empty() && lo <= blocks.back().offset + blocks.back().len && hi - blocks.back().offset <= 4096 &&
+          lo / ps == blocks.back().offset / ps) {
+        blocks.back().len = static_cast<uint32_t>(std::max<uint64_t>(blocks.back().offset + blocks.back().len, hi) -
+                                                  blocks.back().offset);
+      } else {
+        close_block();
+        blocks.push_back({lo, static_cast<uint32_t>(hi - lo)});
+        first_need.push_back(kept.size());
+      }
+      kept.push_back(nd);
+    }
+    close_block();
+    first_need.push_back(kept.size());
+    for (size_t k = 0; k + 1 < first_need.size(); k++) {
+      GatherStats* s = reqs[kept[first_need[k]].r].stats;
+      s->device_reads++;
+      s->device_bytes += blocks[k].len;
+      if (sums) s->verified_blocks += blocks[k].len / bs;
+      for (size_t x = first_need[k]; x < first_need[k + 1]; x++) reqs[kept[x].r].stats->vector_rows++;
+    }
+    if (!blocks.empty()) {
+      RingLease ring(block_rings_.get());
+      RF_RETURN_IF_ERROR(ring.Acquire());
+      RF_RETURN_IF_ERROR(ring.get()->ReadBlocks(
+          file_.fd(), pages_path_, blocks,
+          [&](size_t b, const uint8_t* data) -> Status {
+            const IoRing::Block& blk = blocks[b];
+            if (sums) {
+              for (uint32_t j = 0; j < blk.len / bs; j++) {
+                const uint32_t got = BlockSums::Sum(data + j * bs, static_cast<uint32_t>(bs));
+                const uint32_t want = expect[first_sum[b] + j];
+                if (got != want) {
+                  const Need& nd = kept[first_need[b]];
+                  return Status::Corruption("block at offset " + std::to_string(blk.offset + j * bs) + " (page " +
+                                            std::to_string(blk.offset / ps) + ") of '" + pages_path_ +
+                                            "' fails its checksum (taken " + std::to_string(want) + ", read " +
+                                            std::to_string(got) + ") reading row " + std::to_string(reqs[nd.r].ids[nd.i]) +
+                                            " of '" + reqs[nd.r].feature + "'");
+                }
+              }
+            }
+            for (size_t k = first_need[b]; k < first_need[b + 1]; k++) {
+              const Need& nd = kept[k];
+              const FeatureDef& def = defs[nd.r];
+              std::memcpy(reqs[nd.r].out + static_cast<size_t>(nd.i) * def.dim, data + (nd.off - blk.offset), def.fixed_width());
+              arrived(nd.r);
+            }
+            return Status::OK();
+          },
+          run_ready));
+    }
+  }
+  RF_RETURN_IF_ERROR(run_ready());
+
+  if (!by_page.empty()) {
+    std::sort(by_page.begin(), by_page.end(), [](const PageNeed& a, const PageNeed& b) {
+      return a.page != b.page ? a.page < b.page : a.r != b.r ? a.r < b.r : a.i < b.i;
+    });
+    std::vector<uint32_t> pids;
+    for (const PageNeed& p : by_page)
+      if (pids.empty() || pids.back() != p.page) pids.push_back(p.page);
+    for (uint32_t r = 0; r < nr; r++) {  // per-request page statistics
+      std::vector<uint32_t> mine;
+      for (const PageNeed& p : by_page)
+        if (p.r == r) {
+          reqs[r].stats->page_rows++;
+          if (p.take_sums && (mine.empty() || mine.back() != p.page)) reqs[r].stats->first_touch_pages++;
+          if (mine.empty() || mine.back() != p.page) mine.push_back(p.page);
+        }
+      if (mine.empty()) continue;
+      reqs[r].stats->device_reads += CoalescePages(mine, rings_ ? (o_.max_io_bytes / ps) : 1).size();
+      reqs[r].stats->device_bytes += mine.size() * static_cast<uint64_t>(ps);
+    }
+    std::vector<uint64_t> keys;
+    RingLease ring(rings_.get());
+    RF_RETURN_IF_ERROR(ring.Acquire());
+    Status rs = ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
+      if (o_.read_only && pv.seq() != pages_.at(pid).seq)
+        return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                             "' was rewritten by a writer since this read-only handle opened; reopen the store");
+      // Pages complete in any order (io_uring), so find this page's rows by search.
+      size_t cursor = std::lower_bound(by_page.begin(), by_page.end(), pid,
+                                       [](const PageNeed& a, uint32_t p) { return a.page < p; }) - by_page.begin();
+      uint32_t decoded_fid = UINT32_MAX;
+      SegmentView sv;
+      bool take_sums = false;
+      for (; cursor < by_page.size() && by_page[cursor].page == pid; cursor++) {
+        const PageNeed& pn = by_page[cursor];
+        const GatherRequest& q = reqs[pn.r];
+        const FeatureDef& def = defs[pn.r];
+        take_sums |= pn.take_sums;
+        if (def.id != decoded_fid) {
+          if (!pv.Find(def.id, &sv))
+            return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks the segment of '" +
+                                      q.feature + "' that the key index names");
+          sv.width = def.fixed_width();
+          keys.resize(sv.count);
+          sv.DecodeKeys(keys.data());
+          decoded_fid = def.id;
+        }
+        auto f = std::lower_bound(keys.begin(), keys.end(), q.ids[pn.i]);
+        if ((f == keys.end() || *f != q.ids[pn.i]) && deferred[pn.r])  // a gap in the segment's key range
+          return Status::InvalidArgument("row " + std::to_string(q.ids[pn.i]) + " is not in table '" + q.feature + "'");
+        if (f == keys.end() || *f != q.ids[pn.i])
+          return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' lacks row " +
+                                    std::to_string(q.ids[pn.i]) + " of '" + q.feature + "' that the key index names");
+        const uint8_t* p;
+        uint32_t len;
+        sv.Value(static_cast<uint32_t>(f - keys.begin()), &p, &len);
+        std::memcpy(q.out + static_cast<size_t>(pn.i) * def.dim, p, def.fixed_width());
+        arrived(pn.r);
+      }
+      if (take_sums && sums) sums->Record(pid, pv.seq(), pv.data());
+      return Status::OK();
+    });
+    if (!rs.ok()) return ExplainReadFailure(rs);
+    RF_RETURN_IF_ERROR(run_ready());
+  }
+  return Status::OK();
+}
+
+Status Store::VerifyRows(const std::string& name, uint64_t* pages_read) {
+  *pages_read = 0;
+  RF_RETURN_IF_ERROR(CheckOpen());
+  RF_RETURN_IF_ERROR(CheckReadable());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(name, &def));
+  if (def.type != ValueType::kFixedFloat32)
+    return Status::Schema("feature '" + name + "' is " + def.TypeString() + "; embedding rows need fixed_size_list<float32, D>");
+  BlockSums* sums = LoadedBlockSums();
+  if (!sums) return Status::OK();
+  std::shared_ptr<const Version> v;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    v = versions_.RegisterLocked();
+  }
+  VersionSet::Reader guard(&versions_, v->number);
+  if (def.id >= v->features.size() || !v->features[def.id]) return Status::OK();
+  std::vector<uint32_t> pids;
+  for (const PageRef& ref : *v->features[def.id])
+    if (ref.solo && ref.tombs == 0 && ref.valid == ref.count && ref.max_key - ref.min_key + 1 == ref.count &&
+        !sums->Has(ref.page, ref.seq))
+      pids.push_back(ref.page);
+  std::sort(pids.begin(), pids.end());
+  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  if (pids.empty()) return Status::OK();
+  RingLease ring(rings_.get());
+  RF_RETURN_IF_ERROR(ring.Acquire());
+  RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
+    sums->Record(pid, pv.seq(), pv.data());
+    return Status::OK();
+  }));
+  *pages_read = pids.size();
+  return Status::OK();
+}
+
+}  // namespace recflash

@@ -1,0 +1,68 @@
+// Internals shared by the Store's translation units (store.cc, store_open.cc, store_write.cc,
+// store_rewrite.cc, store_read.cc, store_gather.cc, store_stats.cc). Not part of the API.
+#pragma once
+#include <sys/uio.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "reader/csrc/filename.h"
+#include "reader/csrc/store.h"
+#include "reader/csrc/write_batch.h"
+
+namespace recflash {
+namespace store_internal {
+
+constexpr const char* kMarkerMagic = "recflash store";
+constexpr int kFormatVersion = 3;     // 2: aligned fixed-width values; 3: raw u64 keys
+constexpr int kMinFormatVersion = 2;  // format 2 stores open (their pages stay readable)
+
+inline double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+template <typename T>
+void Append(std::string* s, const T& v) {
+  s->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+Status SyncDir(const std::string& dir);
+
+}  // namespace store_internal
+
+// ---------------------------------------------------------------------------------------
+// Internal types
+
+struct Store::WriteOp {
+  // WAL payload, written from the caller's buffers: header (op, fid, n, width), keys,
+  // (variable-width puts) u32 lengths, values. Empty in bulk-load mode.
+  uint8_t header[13];
+  std::vector<uint32_t> lens;
+  std::vector<iovec> parts;
+  size_t payload_bytes = 0;
+  uint32_t fid = 0;
+  const uint64_t* keys = nullptr;
+  size_t n = 0;
+  const uint8_t* values = nullptr;
+  const int64_t* offsets = nullptr;
+  uint32_t width = 0;
+  bool tomb = false;
+  bool sync = false;
+  bool done = false;
+  Status status;
+  std::condition_variable cv;
+};
+
+struct Store::Rec {
+  uint32_t fid;
+  uint64_t key;
+  bool tomb;
+  const uint8_t* value;
+  uint32_t len;
+  int64_t pos;  // KeyIndex position of the current version, or kAbsent
+};
+
+}  // namespace recflash

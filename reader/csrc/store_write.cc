@@ -1,0 +1,542 @@
+#include "reader/csrc/store.h"
+
+#include "reader/csrc/crc32c.h"
+#include "reader/csrc/store_internal.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+namespace recflash {
+
+namespace fs = std::filesystem;
+using namespace store_internal;
+
+// ---------------------------------------------------------------------------------------
+// Write path
+
+Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values,
+                  size_t values_len, const int64_t* offsets) {
+  RF_RETURN_IF_ERROR(CheckWritable());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
+  if (n == 0) return Status::OK();
+  const uint32_t width = def.fixed_width();
+  const uint32_t max_value = PageBuilder::MaxValueBytes(o_.page_size);
+  if (width) {
+    if (values_len != n * width)
+      return Status::InvalidArgument("feature '" + feature + "': " + std::to_string(n) + " keys need " +
+                                     std::to_string(n * width) + " value bytes, got " + std::to_string(values_len));
+  } else {
+    if (!offsets) return Status::InvalidArgument("feature '" + feature + "': variable-width values need offsets");
+    const uint32_t elem = def.element_size();
+    if (offsets[0] < 0 || static_cast<size_t>(offsets[n]) > values_len)
+      return Status::InvalidArgument("feature '" + feature + "': value offsets out of bounds");
+    for (size_t i = 0; i < n; i++) {
+      const int64_t len = offsets[i + 1] - offsets[i];
+      if (len < 0) return Status::InvalidArgument("feature '" + feature + "': value offsets decrease at item " + std::to_string(i));
+      if (len % elem) return Status::Schema("feature '" + feature + "': value of key " + std::to_string(keys[i]) +
+                                            " is not a whole number of elements");
+      if (len > max_value)
+        return Status::TooLarge("feature '" + feature + "': the value of key " + std::to_string(keys[i]) + " is " +
+                                std::to_string(len) + " bytes; a page of " + std::to_string(o_.page_size) +
+                                " bytes holds at most " + std::to_string(max_value));
+    }
+  }
+  WriteOp w;
+  if (!o_.bulk_load && !o_.accounting)
+    BatchParts(kOpPut, def.id, keys, n, width, values, offsets, w.header, &w.lens, &w.parts, &w.payload_bytes);
+  w.fid = def.id;
+  w.keys = keys;
+  w.n = n;
+  w.values = values;
+  w.offsets = offsets;
+  w.width = width;
+  return Write(&w);
+}
+
+Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n) {
+  RF_RETURN_IF_ERROR(CheckWritable());
+  FeatureDef def;
+  RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
+  if (n == 0) return Status::OK();
+  WriteOp w;
+  if (!o_.bulk_load && !o_.accounting)
+    BatchParts(kOpDelete, def.id, keys, n, def.fixed_width(), nullptr, nullptr, w.header, &w.lens, &w.parts,
+               &w.payload_bytes);
+  w.fid = def.id;
+  w.keys = keys;
+  w.n = n;
+  w.width = def.fixed_width();
+  w.tomb = true;
+  return Write(&w);
+}
+
+Status Store::Write(WriteOp* w) {
+  std::unique_lock<std::mutex> ql(queue_mu_);
+  writers_.push_back(w);
+  while (!w->done && writers_.front() != w) w->cv.wait(ql);
+  if (w->done) return w->status;
+  // This writer leads a group: everything queued behind it goes into one WAL write.
+  std::vector<WriteOp*> group;
+  size_t bytes = 0;
+  for (WriteOp* x : writers_) {
+    if (!group.empty() && bytes + x->payload_bytes > (8u << 20)) break;
+    group.push_back(x);
+    bytes += x->payload_bytes;
+  }
+  ql.unlock();
+
+  Status s;
+  {
+    std::lock_guard<std::mutex> wl(write_mu_);
+    s = closed_ ? Status::Closed("store '" + path_ + "' is closed") : bg_error_;
+    bool sync = o_.sync_on_write;
+    const bool logged = !o_.accounting && !o_.bulk_load;
+    for (WriteOp* x : group) {
+      if (!s.ok() || !logged) break;
+      s = wal_.AppendParts(kWalBatch, x->parts.data(), x->parts.size());
+      // A failed append may have left part of a record in the log; replay stops there, so
+      // nothing appended behind it would survive: the store takes no more writes (RocksDB
+      // does the same on a WAL write error).
+      if (s.code() == Status::Code::kIOError) bg_error_ = s;
+      sync = sync || x->sync;
+    }
+    if (s.ok() && sync && logged) {
+      s = wal_.Sync();
+      // After a failed fsync the kernel may have dropped the dirty pages; a later fsync
+      // could then succeed without them ("fsyncgate"): no acknowledgement after this one.
+      if (!s.ok()) bg_error_ = s;
+    }
+    if (s.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      for (WriteOp* x : group)
+        buffer_.feature(x->fid).Append(x->keys, x->n, x->values, x->offsets, x->width, x->tomb);
+    }
+    if (s.ok()) {
+      uint64_t buffered;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        buffered = buffer_.bytes();
+      }
+      if (buffered >= o_.write_buffer_bytes) s = FlushLocked(o_.bulk_load);
+    }
+  }
+
+  ql.lock();
+  for (WriteOp* x : group) {
+    writers_.pop_front();
+    x->status = s;
+    x->done = true;
+    if (x != w) x->cv.notify_one();
+  }
+  if (!writers_.empty()) writers_.front()->cv.notify_one();
+  return s;
+}
+
+Status Store::Sync() {
+  RF_RETURN_IF_ERROR(CheckWritable());
+  std::lock_guard<std::mutex> wl(write_mu_);
+  RF_RETURN_IF_ERROR(bg_error_);
+  // Bulk-load mode has no log to sync: the buffer itself goes to pages.
+  if (o_.bulk_load) return FlushLocked(true);
+  Status s = wal_.Sync();
+  if (!s.ok()) bg_error_ = s;  // see Write: a failed fsync is not retried
+  return s;
+}
+
+Status Store::Flush(bool force) {
+  RF_RETURN_IF_ERROR(CheckWritable());
+  std::lock_guard<std::mutex> wl(write_mu_);
+  // Bulk-load mode never pins: unlogged items held back would not be durable after flush().
+  return FlushLocked(force || o_.bulk_load);
+}
+
+Status Store::FlushLocked(bool force) {
+  RF_RETURN_IF_ERROR(bg_error_);
+  std::vector<uint32_t> write_fids;
+  std::set<uint32_t> pinned;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<PinCandidate> cands;
+    for (auto& [fid, fb] : buffer_.all()) {
+      fb.Normalize();
+      if (fb.size()) cands.push_back({fid, fb.size(), fb.bytes(), fb.pinned_flushes});
+    }
+    if (!force)
+      for (uint32_t fid : pinner_.Choose(cands, o_.write_buffer_bytes, o_.page_size)) pinned.insert(fid);
+    for (const auto& c : cands)
+      if (!pinned.count(c.fid)) write_fids.push_back(c.fid);
+  }
+  // Everything acknowledged so far becomes durable first (flush is a durability point).
+  Status s = o_.accounting ? Status::OK() : wal_.Sync();
+  if (!s.ok()) return bg_error_ = s;
+  if (write_fids.empty()) return Status::OK();
+
+  // Start a new WAL file holding only what stays pinned; once this flush commits, the older
+  // files are obsolete. In bulk-load mode nothing is logged: while the open file is empty and
+  // the only live one, there is nothing to rotate away.
+  const bool rotate = !o_.accounting && !(o_.bulk_load && wal_.file_bytes() == 0 && pstate_.wal_start == wal_number_);
+  const uint64_t new_wal = rotate ? wal_number_ + 1 : wal_number_;
+  if (rotate) s = wal_.Open(WalFileName(wal_dir_, new_wal));
+  if (s.ok() && rotate) {
+    for (uint32_t fid : pinned) {
+      std::vector<std::string> payloads;
+      EncodeBuffered(fid, features_.Get(fid)->def.fixed_width(), buffer_.find(fid)->items(), &payloads);
+      for (const auto& p : payloads)
+        if (s.ok()) s = wal_.Append(kWalBatch, p);
+    }
+    if (s.ok()) s = wal_.Sync();
+    if (s.ok()) s = SyncDir(wal_dir_);
+  }
+  if (!s.ok()) return bg_error_ = s;
+  wal_number_ = new_wal;
+
+  for (uint32_t fid : write_fids) {
+    s = LoadIndex(features_.Get(fid));
+    if (!s.ok()) return bg_error_ = s;
+  }
+  // Items are written grouped by feature, ascending keys. The buffer is not modified until
+  // the new version is installed (no writer runs: we hold write_mu_), so records point into it.
+  // A feature whose index is deferred and whose buffered items are all puts above its stored
+  // keys is an append: its items go to pages straight from the buffer (no per-item record, no
+  // index lookup) and the index stays deferred. Everything else takes the general path.
+  std::vector<AppendRun> runs;
+  std::vector<Rec> recs;
+  for (uint32_t fid : write_fids) {
+    FeatureState* f = features_.Get(fid);
+    const BufferedItems& b = buffer_.find(fid)->items();
+    f->touched = true;
+    if (f->index.deferred() && IsAppend(f, b)) {
+      uint64_t bytes = 0;
+      if (f->def.fixed_width()) {
+        bytes = b.size() * ItemBytes(f->def.fixed_width());
+      } else {
+        for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.len[i]);
+      }
+      pstate_.user_bytes_written += bytes;
+      runs.push_back({fid, &b, bytes});
+      continue;
+    }
+    s = MaterializeIndexLocked(f);
+    if (!s.ok()) return bg_error_ = s;
+    size_t hint = 0;
+    for (size_t i = 0; i < b.size(); i++) {
+      const int64_t pos = f->index.FindFrom(b.keys[i], &hint);
+      pstate_.user_bytes_written += ItemBytes(b.len[i]);
+      if (b.tomb[i] && pos == KeyIndex::kAbsent) continue;  // nothing on disk to hide
+      if (b.tomb[i] && pos != KeyIndex::kAbsent && (f->index.loc(pos) & KeyIndex::kTomb)) continue;  // already deleted
+      recs.push_back({fid, b.keys[i], b.tomb[i] != 0, b.value(i), b.len[i], pos});
+    }
+  }
+  std::set<uint32_t> dirty, freed;
+  uint64_t pw = 0;
+  s = WriteRecordsLocked(runs, recs, &dirty, &freed, &pw);
+  flush_pages_written_ += pw;
+  if (s.ok()) {
+    pstate_.wal_start = new_wal;
+    s = CommitLocked(dirty, freed);
+  }
+  if (!s.ok()) return bg_error_ = s;
+  {
+    // Install: the flushed items leave the buffer in the same step that the version naming
+    // their pages appears, so readers see them exactly once.
+    auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint32_t fid : write_fids) buffer_.find(fid)->Clear();
+    buffer_.TrimCapacity(o_.write_buffer_bytes);
+    for (uint32_t fid : pinned) buffer_.find(fid)->pinned_flushes++;
+    versions_.InstallLocked(v, freed);
+    index_ahead_ = false;
+  }
+  std::vector<uint64_t> numbers;
+  if (rotate && ListWalFiles(wal_dir_, &numbers).ok())
+    for (uint64_t no : numbers)
+      if (no < new_wal) ::unlink(WalFileName(wal_dir_, no).c_str());
+  flushes_++;
+  ReleasePendingLocked();
+  s = MaintainLocked();
+  if (!s.ok()) return bg_error_ = s;
+  return Status::OK();
+}
+
+void Store::InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed) {
+  const uint32_t loc = f->index.loc(pos);
+  const uint32_t pid = loc & ~KeyIndex::kTomb;
+  PageMeta& pm = pages_.at(pid);
+  SegMeta* sm = pm.seg(f->def.id);
+  sm->valid--;
+  if (loc & KeyIndex::kTomb) {
+    f->tombs--;
+  } else {
+    const uint64_t b = ItemBytes(f->def.variable() ? f->index.len(pos) : f->def.fixed_width());
+    sm->valid_bytes -= b;
+    f->live_items--;
+    f->live_bytes -= b;
+  }
+  if (sm->valid == 0) {
+    sm->retired = true;
+    auto it = std::find(f->pages.begin(), f->pages.end(), pid);
+    if (it != f->pages.end()) {
+      *it = f->pages.back();
+      f->pages.pop_back();
+    }
+    if (pm.valid() == 0) {
+      dirty->erase(pid);
+      freed->insert(pid);
+    } else {
+      dirty->insert(pid);
+    }
+  }
+}
+
+bool Store::IsAppend(const FeatureState* f, const BufferedItems& b) {
+  if (b.size() == 0) return false;
+  if (std::memchr(b.tomb.data(), 1, b.tomb.size()) != nullptr) return false;
+  uint64_t last;
+  if (f->index.LastKey(&last) && b.keys.front() <= last) return false;
+  const uint32_t w = f->def.fixed_width();
+  // Fixed-width values are packed in key order (see FeatureBuffer): value i at i * width.
+  return w == 0 || (b.arena.size() == b.size() * w && b.off.back() == (b.size() - 1) * w);
+}
+
+Status Store::MaterializeIndexLocked(FeatureState* f) {
+  if (!f->index.deferred()) return Status::OK();
+  // Every record of the feature's live segments is current (see KeyIndex): read them all.
+  struct R {
+    uint64_t key;
+    uint32_t pid;
+    uint32_t len;
+  };
+  std::vector<R> recs;
+  recs.reserve(f->index.deferred_items());
+  std::vector<uint32_t> pids = f->pages;
+  std::sort(pids.begin(), pids.end());
+  std::vector<uint64_t> keys;
+  const FeatureDef& def = f->def;
+  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+    SegmentView sv;
+    if (!pv.Find(def.id, &sv))
+      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                "' lacks the segment of feature '" + def.name + "' that the page table names");
+    sv.width = def.fixed_width();
+    keys.resize(sv.count);
+    sv.DecodeKeys(keys.data());
+    for (uint32_t i = 0; i < sv.count; i++) {
+      const uint8_t* v;
+      uint32_t len;
+      sv.Value(i, &v, &len);
+      recs.push_back({keys[i], pid, len});
+    }
+    return Status::OK();
+  };
+  if (!pids.empty()) {
+    RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), pids, cb));
+    pages_read_ += pids.size();
+    bytes_read_ += pids.size() * static_cast<uint64_t>(o_.page_size);
+  }
+  std::sort(recs.begin(), recs.end(), [](const R& a, const R& b) { return a.key < b.key; });
+  std::vector<uint64_t> k(recs.size());
+  std::vector<uint32_t> l(recs.size()), n(recs.size());
+  for (size_t i = 0; i < recs.size(); i++) {
+    k[i] = recs[i].key;
+    l[i] = recs[i].pid;
+    n[i] = recs[i].len;
+  }
+  std::vector<R>().swap(recs);
+  std::lock_guard<std::mutex> index_lock(mu_);  // get() reads the key index under mu_
+  f->index.Undefer();
+  f->index.InsertNew(k, l, n);
+  return Status::OK();
+}
+
+Status Store::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector<Rec>& recs,
+                                 std::set<uint32_t>* dirty, std::set<uint32_t>* freed, uint64_t* pages_written) {
+  *pages_written = 0;
+  if (recs.empty() && runs.empty()) return Status::OK();
+  const uint32_t ps = o_.page_size;
+  constexpr uint32_t kBlockPages = 32;
+  std::vector<AlignedBuffer>& blocks = write_blocks_;  // reused across flushes: no faults
+  size_t blocks_used = 0;
+  std::vector<std::vector<SegmentSummary>> summaries;
+  std::vector<uint64_t> seqs;
+  std::vector<uint32_t> rec_page(recs.size());
+  PageBuilder pb(ps, o_.compact_pages && !o_.accounting);
+  AlignedBuffer scratch(o_.accounting ? ps : 0);  // accounting: pages are built, not kept
+  auto page_ptr = [&](size_t i) {
+    return o_.accounting ? scratch.data() : blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps);
+  };
+  auto finish = [&]() {
+    const size_t i = summaries.size();
+    if (!o_.accounting && i % kBlockPages == 0 && ++blocks_used > blocks.size())
+      blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
+    summaries.emplace_back();
+    seqs.push_back(pstate_.next_seq++);
+    // No checksum yet: StampPageId computes it once the page id is known.
+    pb.Finish(page_ptr(i), seqs.back(), 0, &summaries.back(), false);
+    pb.Reset();
+  };
+  auto too_large = [](const FeatureDef& def, uint64_t key) {
+    return Status::TooLarge("feature '" + def.name + "': the value of key " + std::to_string(key) +
+                            " does not fit in a page");
+  };
+  for (const AppendRun& run : runs) {
+    const FeatureDef& def = features_.Get(run.fid)->def;
+    const BufferedItems& b = *run.items;
+    const uint32_t w = def.fixed_width();
+    for (size_t i = 0; i < b.size();) {
+      const size_t k = w ? pb.AddRun(def, &b.keys[i], b.arena.data() + i * w, b.size() - i)
+                         : (pb.Add(def, b.keys[i], b.value(i), b.len[i], false) ? 1 : 0);
+      if (k == 0) {
+        if (pb.empty()) return too_large(def, b.keys[i]);
+        finish();
+        continue;
+      }
+      i += k;
+    }
+  }
+  for (size_t r = 0; r < recs.size(); r++) {
+    const Rec& x = recs[r];
+    const FeatureDef& def = features_.Get(x.fid)->def;
+    if (!pb.Add(def, x.key, x.value, x.len, x.tomb)) {
+      finish();
+      if (!pb.Add(def, x.key, x.value, x.len, x.tomb)) return too_large(def, x.key);
+    }
+    rec_page[r] = static_cast<uint32_t>(summaries.size());
+  }
+  finish();
+  const size_t npages = summaries.size();
+  const std::vector<uint32_t> ids = pages_.Allocate(static_cast<uint32_t>(npages));
+  if (!o_.accounting) RF_RETURN_IF_ERROR(WritePagesLocked(ids, page_ptr));
+  pstate_.pages_written += npages;
+  *pages_written = npages;
+
+  // The pages are durable: update the tables (committed to RocksDB by the caller).
+  UpdateTablesLocked(recs, rec_page, ids, summaries, seqs, dirty, freed);
+  if (!runs.empty()) {
+    std::lock_guard<std::mutex> index_lock(mu_);
+    for (const AppendRun& run : runs) {
+      FeatureState* f = features_.Get(run.fid);
+      f->live_items += run.items->size();
+      f->live_bytes += run.bytes;
+      f->index.AppendDeferred(run.items->size(), run.items->keys.back());
+    }
+  }
+  return Status::OK();
+}
+
+template <typename PagePtr>
+Status Store::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr) {
+  const uint32_t ps = o_.page_size;
+  constexpr uint32_t kBlockPages = 32;
+  const size_t npages = ids.size();
+  for (size_t i = 0; i < npages; i++) StampPageId(page_ptr(i), ps, ids[i]);
+  if (npages) RF_RETURN_IF_ERROR(file_.Reserve(static_cast<uint64_t>(*std::max_element(ids.begin(), ids.end())) + 1));
+  // Runs of consecutive ids within one block go out as one write.
+  std::vector<PageRun> runs;
+  std::vector<const uint8_t*> src;
+  const uint32_t max_run = std::max(1u, o_.max_io_bytes / ps);
+  for (size_t i = 0; i < npages; i++) {
+    if (!runs.empty() && ids[i] == runs.back().first + runs.back().count && i % kBlockPages != 0 &&
+        runs.back().count < max_run) {
+      runs.back().count++;
+    } else {
+      runs.push_back({ids[i], 1});
+      src.push_back(page_ptr(i));
+    }
+  }
+  RF_RETURN_IF_ERROR(write_ring_->WriteRuns(file_.fd(), pages_path_, ps, runs, src));
+  return file_.Sync();
+}
+
+void Store::UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<uint32_t>& rec_page,
+                               const std::vector<uint32_t>& ids,
+                               const std::vector<std::vector<SegmentSummary>>& summaries,
+                               const std::vector<uint64_t>& seqs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed) {
+  const size_t npages = ids.size();
+  for (size_t i = 0; i < npages; i++) {
+    std::vector<SegMeta> segs;
+    for (const auto& s : summaries[i]) {
+      SegMeta m;
+      m.fid = s.feature_id;
+      m.count = s.count;
+      m.tombs = s.tombs;
+      m.min_key = s.min_key;
+      m.max_key = s.max_key;
+      m.length = s.length;
+      m.valid = s.count;
+      m.valid_bytes = s.item_bytes;
+      segs.push_back(m);
+      features_.Get(s.feature_id)->pages.push_back(ids[i]);
+    }
+    pages_.MarkLive(ids[i], seqs[i], std::move(segs));
+    dirty->insert(ids[i]);
+  }
+  std::vector<uint64_t> new_keys;
+  std::vector<uint32_t> new_locs, new_lens;
+  std::lock_guard<std::mutex> index_lock(mu_);  // get() reads the key index under mu_
+  index_ahead_ = true;                          // until the caller installs the new version
+  for (size_t r = 0; r < recs.size(); r++) {
+    const Rec& x = recs[r];
+    FeatureState* f = features_.Get(x.fid);
+    const uint32_t loc = ids[rec_page[r]] | (x.tomb ? KeyIndex::kTomb : 0);
+    if (x.tomb) {
+      f->tombs++;
+    } else {
+      f->live_items++;
+      f->live_bytes += ItemBytes(x.len);
+    }
+    if (x.pos != KeyIndex::kAbsent) {
+      InvalidateLocked(f, static_cast<size_t>(x.pos), dirty, freed);
+      f->index.set_loc(static_cast<size_t>(x.pos), loc);
+      f->index.set_len(static_cast<size_t>(x.pos), x.tomb ? 0 : x.len);
+    } else {
+      new_keys.push_back(x.key);
+      new_locs.push_back(loc);
+      new_lens.push_back(x.tomb ? 0 : x.len);
+    }
+    const bool last_of_feature = r + 1 == recs.size() || recs[r + 1].fid != x.fid;
+    if (last_of_feature && !new_keys.empty()) {
+      f->index.InsertNew(new_keys, new_locs, new_lens);
+      new_keys.clear();
+      new_locs.clear();
+      new_lens.clear();
+    }
+  }
+}
+
+Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) {
+  rocksdb::WriteBatch b;
+  for (uint32_t p : dirty)
+    if (pages_.at(p).live) MetaStore::PutPage(&b, p, pages_.at(p));
+  for (uint32_t p : freed) MetaStore::DeletePage(&b, p);
+  MetaStore::PutState(&b, pstate_);
+  if (!o_.accounting && !o_.read_only) RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  for (uint32_t p : freed) pages_.MarkDead(p);
+  return Status::OK();
+}
+
+void Store::ReleasePendingLocked() {
+  for (const PageRun& r : CoalescePages(versions_.TakeReleasable(), UINT32_MAX)) {
+    // Best effort: the slot is reusable either way (a failure only keeps its old bytes
+    // allocated), so it is counted in stats rather than failing the flush.
+    if (!o_.accounting && !file_.Punch(r.first, r.count).ok()) punch_failures_++;
+    for (uint32_t i = 0; i < r.count; i++) pages_.AddFree(r.first + i);
+  }
+}
+
+}  // namespace recflash

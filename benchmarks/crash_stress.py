@@ -326,6 +326,15 @@ def run_trials(args, out: dict) -> None:
     zyg = Zygote()
     new_epoch = True
     for trial, ttype in enumerate(plan):
+        if trial and trial % 25 == 0:
+            # a long run leaves its figures so far on disk (partial: true until it ends)
+            out["kills_by_phase"] = dict(sorted(kills.items()))
+            out["partial"] = True
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+            print(f"  {trial}/{total} trials  kills={out['kill_trials']} power={out['power_loss_trials']} "
+                  f"lost={out['lost']} resurrected={out['resurrected']} open_failures={out['open_failures']} "
+                  f"({time.time() - t0:.0f} s, load {loadavg()})", flush=True)
         timer = None
         if ttype == "kill":
             # Two thirds die at a kill point (each point in turn, every point first), a third
@@ -421,8 +430,16 @@ def run_trials(args, out: dict) -> None:
             out["failures"].append({"trial": trial, "mode": mode, "phase": phase, "details": res["details"],
                                     "duplicates": dups})
         s.close()
-        # Stats against a full recount, from the checkpoint (even trials) or rebuilt (odd).
-        if trial % 2:
+        if trial % args.stats_every:
+            if actual is not None:
+                checker.baseline = actual
+            else:
+                new_epoch = True
+            op_base = max([d.get("op", 0) for d in lines] + [op_base]) + 1
+            continue
+        out["stats_checks"] += 1
+        # Stats against a full recount, from the checkpoint (even checks) or rebuilt (odd).
+        if (trial // args.stats_every) % 2:
             try:
                 os.unlink(os.path.join(path, "CHECKPOINT"))
             except FileNotFoundError:
@@ -438,12 +455,9 @@ def run_trials(args, out: dict) -> None:
         if actual is not None:
             checker.baseline = state2
         op_base = max([d.get("op", 0) for d in lines] + [op_base]) + 1
-        if (trial + 1) % 50 == 0 or trial + 1 == total:
-            print(f"  {trial + 1}/{total} trials  kills={out['kill_trials']} power={out['power_loss_trials']} "
-                  f"lost={out['lost']} resurrected={out['resurrected']} open_failures={out['open_failures']} "
-                  f"({time.time() - t0:.0f} s, load {loadavg()})", flush=True)
     zyg.close()
     out["kills_by_phase"] = dict(sorted(kills.items()))
+    out["partial"] = False
     if store_dir:
         shutil.rmtree(store_dir, ignore_errors=True)
 
@@ -576,6 +590,39 @@ def run_fault_matrix(args, out: dict) -> None:
                   f"clear={row['clear_error']} lost={row['lost']}", flush=True)
 
 
+def merge(paths: list[str], out_path: str) -> int:
+    runs = [json.load(open(p)) for p in paths]
+    out = {k: sum(r[k] for r in runs) for k in ("kill_trials", "power_loss_trials", "synced_items_checked", "lost",
+                                                  "resurrected", "open_failures", "duplicates", "stats_mismatches",
+                                                  "stats_checks")}
+    phases = collections.Counter()
+    for r in runs:
+        phases.update(r["kills_by_phase"])
+    out["kills_by_phase"] = dict(sorted(phases.items()))
+    rows = {}
+    for r in runs:
+        for f in r["fault_injections"]:
+            key = (f["site"], f["kind"])
+            if key not in rows:
+                rows[key] = dict(f)
+            else:
+                for k in ("trials", "reached", "clear_error", "lost", "open_failures"):
+                    rows[key][k] += f[k]
+    out["fault_injections"] = list(rows.values())
+    out["failures"] = [x for r in runs for x in r["failures"]]
+    out["child_errors"] = [x for r in runs for x in r["child_errors"]]
+    out["runs"] = [{"file": os.path.basename(p), "config": r["config"], "elapsed_s": r["elapsed_s"],
+                    "load_average_start": r["load_average_start"], "load_average_end": r["load_average_end"],
+                    "kill_trials": r["kill_trials"], "power_loss_trials": r["power_loss_trials"]}
+                   for p, r in zip(paths, runs)]
+    out["note"] = "the runs ran in parallel, each single-threaded, at nice 19"
+    with open(out_path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: out[k] for k in ("kill_trials", "power_loss_trials", "synced_items_checked", "lost",
+                                           "resurrected", "open_failures")}))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short run (<= 2 minutes): 22 kills, 10 power losses, 1 trial per fault")
@@ -583,10 +630,15 @@ def main(argv=None) -> int:
     ap.add_argument("--power-loss-trials", type=int, default=None, help="simulated power losses (default 0.3 x trials)")
     ap.add_argument("--fault-trials", type=int, default=None, help="trials per fault site and errno")
     ap.add_argument("--trial-timeout", type=float, default=30.0)
+    ap.add_argument("--stats-every", type=int, default=1, help="recount stats after every k-th trial")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="combine the JSON of several runs (e.g. in parallel with other seeds) into --json")
     ap.add_argument("--json", required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.json)
     if args.quick:
         args.trials = min(args.trials, 22)
         args.power_loss_trials = 10 if args.power_loss_trials is None else args.power_loss_trials
@@ -599,10 +651,12 @@ def main(argv=None) -> int:
     if own_workdir:
         args.workdir = tempfile.mkdtemp(prefix="recflash-crash-stress-")
     out = {"kill_trials": 0, "power_loss_trials": 0, "kills_by_phase": {}, "synced_items_checked": 0, "lost": 0,
-           "resurrected": 0, "open_failures": 0, "duplicates": 0, "stats_mismatches": 0, "fault_injections": [],
+           "resurrected": 0, "open_failures": 0, "duplicates": 0, "stats_mismatches": 0, "stats_checks": 0,
+           "fault_injections": [],
            "failures": [], "child_errors": [], "trial_seconds": [],
            "config": {"trials": args.trials, "power_loss_trials_planned": args.power_loss_trials,
                       "fault_trials": args.fault_trials, "seed": args.seed, "quick": args.quick,
+                      "stats_every": args.stats_every,
                       "key_space": KEY_SPACE, "features": FEATURES}}
     t0 = time.time()
     out["load_average_start"] = loadavg()

@@ -213,7 +213,13 @@ def decode_value(f: str, v) -> tuple[int, int]:
 def read_state(store) -> tuple[dict, int]:
     """{feature: {key: (op that wrote it)}} of a store, and the number of duplicate keys."""
     state, dups = {}, 0
+    known = store.features()
     for f in FEATURES:
+        if f not in known:
+            # killed while the child was still creating its features: nothing can have been
+            # acknowledged in it (the checker flags any synced item of it as lost)
+            state[f] = {}
+            continue
         t = store.scan(f)
         keys = t.column("key").to_numpy().astype(np.int64)
         if len(keys) > 1:
@@ -419,8 +425,8 @@ def run_trials(args, out: dict) -> None:
         try:
             actual, dups = read_state(s)
             res = checker.check(lines, actual)
-        except AssertionError as e:
-            res = {"checked": 0, "lost": 1, "resurrected": 0, "details": [str(e)]}
+        except Exception as e:  # noqa: BLE001 - a read error or a damaged value is a failure of this trial
+            res = {"checked": 0, "lost": 1, "resurrected": 0, "details": [f"{type(e).__name__}: {e}"]}
             actual, dups = None, 0
         out["synced_items_checked"] += res["checked"]
         out["lost"] += res["lost"]
@@ -448,10 +454,11 @@ def run_trials(args, out: dict) -> None:
             st = s2.stats()
             state2, _ = read_state(s2)
             for f in FEATURES:
-                if int(st["features"][f]["items"]) != len(state2[f]) or (actual and state2[f] != actual[f]):
+                items = int(st["features"][f]["items"]) if f in st["features"] else 0
+                if items != len(state2[f]) or (actual and state2[f] != actual[f]):
                     out["stats_mismatches"] += 1
                     out["failures"].append({"trial": trial, "mode": mode, "feature": f,
-                                            "stats_items": st["features"][f]["items"], "recount": len(state2[f])})
+                                            "stats_items": items, "recount": len(state2[f])})
         if actual is not None:
             checker.baseline = state2
         op_base = max([d.get("op", 0) for d in lines] + [op_base]) + 1

@@ -400,17 +400,20 @@ def run_trials(args, out: dict) -> None:
                 point = line.split(": ", 1)[1].strip()
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-        bad = (ttype == "power" and code != 86) or (ttype == "kill" and not killed) or mode.endswith(":timeout")
-        if bad:
+        if ttype == "power" and code == 86:
+            phase = "power:" + (point or ("between_ops/" + phase_of(lines)))
+            out["power_loss_trials"] += 1
+        elif killed:
+            # also a kill point not reached within --trial-timeout (a starved child): the
+            # parent's SIGKILL then landed at a random moment like a timer kill
+            phase = ("point:" + point) if point else ("timer:" + phase_of(lines))
+            out["kill_trials"] += 1
+            if mode.endswith(":timeout"):
+                out["timeouts"] += 1
+        else:
             out["child_errors"].append({"trial": trial, "mode": mode, "status": status, "stderr": err[-2000:]})
             new_epoch = True  # the model no longer describes the store: start a fresh one
             continue
-        if ttype == "power":
-            phase = "power:" + (point or ("between_ops/" + phase_of(lines)))
-            out["power_loss_trials"] += 1
-        else:
-            phase = ("point:" + point) if point else ("timer:" + phase_of(lines))
-            out["kill_trials"] += 1
         kills[phase] += 1
         # Reopen and check.
         try:
@@ -601,7 +604,7 @@ def merge(paths: list[str], out_path: str) -> int:
     runs = [json.load(open(p)) for p in paths]
     out = {k: sum(r[k] for r in runs) for k in ("kill_trials", "power_loss_trials", "synced_items_checked", "lost",
                                                   "resurrected", "open_failures", "duplicates", "stats_mismatches",
-                                                  "stats_checks")}
+                                                  "stats_checks", "timeouts")}
     phases = collections.Counter()
     for r in runs:
         phases.update(r["kills_by_phase"])
@@ -636,7 +639,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=1000, help="SIGKILL trials")
     ap.add_argument("--power-loss-trials", type=int, default=None, help="simulated power losses (default 0.3 x trials)")
     ap.add_argument("--fault-trials", type=int, default=None, help="trials per fault site and errno")
-    ap.add_argument("--trial-timeout", type=float, default=30.0)
+    ap.add_argument("--trial-timeout", type=float, default=60.0)
     ap.add_argument("--stats-every", type=int, default=1, help="recount stats after every k-th trial")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="combine the JSON of several runs (e.g. in parallel with other seeds) into --json")
@@ -658,7 +661,7 @@ def main(argv=None) -> int:
     if own_workdir:
         args.workdir = tempfile.mkdtemp(prefix="recflash-crash-stress-")
     out = {"kill_trials": 0, "power_loss_trials": 0, "kills_by_phase": {}, "synced_items_checked": 0, "lost": 0,
-           "resurrected": 0, "open_failures": 0, "duplicates": 0, "stats_mismatches": 0, "stats_checks": 0,
+           "resurrected": 0, "open_failures": 0, "duplicates": 0, "stats_mismatches": 0, "stats_checks": 0, "timeouts": 0,
            "fault_injections": [],
            "failures": [], "child_errors": [], "trial_seconds": [],
            "config": {"trials": args.trials, "power_loss_trials_planned": args.power_loss_trials,

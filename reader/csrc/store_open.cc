@@ -142,6 +142,10 @@ Status Store::OpenImpl(const std::string& path) {
   RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), true));
   pages_path_ = StoreFileName(path, FileKind::kPages);
   RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io));
+  // The entries of pages.dat, wal/ and meta/ in the store directory must be durable before
+  // anything in them is: a power loss after a new store's first flush could otherwise leave
+  // committed metadata naming pages of a pages.dat that never reached the directory.
+  RF_RETURN_IF_ERROR(SyncDir(path));
   const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
   rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
   RF_RETURN_IF_ERROR(IoRing::Create(o_.queue_depth, slot_bytes, &write_ring_));

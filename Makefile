@@ -127,8 +127,9 @@ tsan-build:
 asan-test: asan-build
 	$(ASAN_ENV) nice $(VENV)/bin/pytest -q -p no:cacheprovider $(ASAN_TESTS) $(PYTEST_ARGS)
 
+# setarch -R: TSan's shadow memory needs the fixed layout that address randomisation breaks.
 tsan-test: tsan-build
-	$(TSAN_ENV) nice $(VENV)/bin/pytest -q -p no:cacheprovider $(TSAN_TESTS) $(PYTEST_ARGS)
+	$(TSAN_ENV) nice setarch $$(uname -m) -R $(VENV)/bin/pytest -q -p no:cacheprovider $(TSAN_TESTS) $(PYTEST_ARGS)
 
 fuzz-build: asan-build
 

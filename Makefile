@@ -106,7 +106,7 @@ TSAN_SITE   := build/tsan-site
 ASAN_ENV     = PYTHONPATH=$(CURDIR)/$(ASAN_SITE) LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
                ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 TSAN_ENV     = PYTHONPATH=$(CURDIR)/$(TSAN_SITE) LD_PRELOAD="$$(g++ -print-file-name=libtsan.so)" \
-               TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp"
+               TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 suppressions=$(CURDIR)/tests/tsan.supp"
 ASAN_TESTS  ?= tests/test_store_basic.py tests/test_store_model.py tests/test_recovery.py tests/test_errors.py \
                tests/test_read_only.py tests/test_compact_pages.py tests/test_ndp_sls.py tests/test_fault_injection.py \
                tests/test_io_ring_errors.py tests/test_read_corruption.py

@@ -6,6 +6,10 @@
 #                examples/dlrm_inference_ssd.py --quick (TorchRec inference with SSD tables)
 #   make build   reinstall the package only (incremental C++ build under build/)
 #   make clean   remove build/ (keeps .venv)
+#   make asan-build / asan-test    ASan+UBSan build of the extension; store + NDP suites under it
+#   make tsan-build / tsan-test    TSan build; the concurrency tests under it
+#   make fuzz-build / fuzz MINUTES=M   the ASan build, then every fuzz target under it
+#   make crash-stress TRIALS=N     benchmarks/crash_stress.py (SIGKILL + power loss + fault matrix)
 #
 # Everything is idempotent: re-running `make setup` skips apt when every package is present,
 # skips pip when requirements.txt is unchanged, and always reinstalls the package itself.
@@ -28,10 +32,11 @@ REQ_STAMP    := $(VENV)/.recflash-requirements.sha256
 PYTEST_ARGS  ?=
 DEMO_ARGS    ?=
 
-.PHONY: help setup system-deps python-deps build proto cpp-test test demo clean
+.PHONY: help setup system-deps python-deps build proto cpp-test test demo clean asan-build asan-test tsan-build \
+        tsan-test fuzz-build fuzz crash-stress
 
 help:
-	@sed -n '3,8p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: system-deps python-deps build
 
@@ -102,3 +107,47 @@ demo: setup
 
 clean:
 	rm -rf build/
+
+# --- sanitizer builds (separate trees under build/; never part of `make test`) -------------------
+# The instrumented extension is installed into build/<san>-site, which PYTHONPATH puts before the
+# venv's own build; the sanitizer runtime must be the first library loaded (LD_PRELOAD), since
+# the Python interpreter itself is not instrumented. Leak checking is off: CPython keeps
+# interned objects alive at exit by design.
+ASAN_SITE   := build/asan-site
+TSAN_SITE   := build/tsan-site
+ASAN_ENV     = PYTHONPATH=$(CURDIR)/$(ASAN_SITE) LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+               ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+TSAN_ENV     = PYTHONPATH=$(CURDIR)/$(TSAN_SITE) LD_PRELOAD="$$(g++ -print-file-name=libtsan.so)" \
+               TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 suppressions=$(CURDIR)/tests/tsan.supp"
+ASAN_TESTS  ?= tests/test_store_basic.py tests/test_store_model.py tests/test_recovery.py tests/test_errors.py \
+               tests/test_read_only.py tests/test_compact_pages.py tests/test_ndp_sls.py tests/test_fault_injection.py \
+               tests/test_io_ring_errors.py tests/test_read_corruption.py
+TSAN_TESTS  ?= tests/test_concurrency.py
+MINUTES     ?= 60
+TRIALS      ?= 1000
+
+asan-build:
+	@test -x $(PIP) || { echo "no $(VENV): run 'make setup' first" >&2; exit 1; }
+	nice $(PIP) install --no-build-isolation --no-deps --upgrade --target $(ASAN_SITE) \
+	  -C cmake.define.RECFLASH_SANITIZE=address -C build-dir=build/asan .
+
+tsan-build:
+	@test -x $(PIP) || { echo "no $(VENV): run 'make setup' first" >&2; exit 1; }
+	nice $(PIP) install --no-build-isolation --no-deps --upgrade --target $(TSAN_SITE) \
+	  -C cmake.define.RECFLASH_SANITIZE=thread -C build-dir=build/tsan .
+
+asan-test: asan-build
+	$(ASAN_ENV) nice $(VENV)/bin/pytest -q -p no:cacheprovider $(ASAN_TESTS) $(PYTEST_ARGS)
+
+# setarch -R: TSan's shadow memory needs the fixed layout that address randomisation breaks.
+tsan-test: tsan-build
+	$(TSAN_ENV) nice setarch $$(uname -m) -R $(VENV)/bin/pytest -q -p no:cacheprovider $(TSAN_TESTS) $(PYTEST_ARGS)
+
+fuzz-build: asan-build
+
+fuzz: fuzz-build
+	$(ASAN_ENV) nice -n 19 $(VPY) -P tests/fuzz/run.py --minutes $(MINUTES) --json benchmarks/results/fuzz.json
+
+crash-stress:
+	nice -n 19 $(VPY) -P benchmarks/crash_stress.py --trials $(TRIALS) --json benchmarks/results/crash_stress.json
+

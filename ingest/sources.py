@@ -356,10 +356,13 @@ class CsvSource(_TextSource):
             # a bad line in the sample: infer from the lines that parse
             def skip(_row):
                 return "skip"
-            t = pcsv.read_csv(pa.BufferReader(sample),
-                              read_options=pcsv.ReadOptions(column_names=names, use_threads=False),
-                              parse_options=pcsv.ParseOptions(delimiter=self.delimiter, invalid_row_handler=skip),
-                              convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+            try:
+                t = pcsv.read_csv(pa.BufferReader(sample),
+                                  read_options=pcsv.ReadOptions(column_names=names, use_threads=False),
+                                  parse_options=pcsv.ParseOptions(delimiter=self.delimiter, invalid_row_handler=skip),
+                                  convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+            except (pa.ArrowException, ValueError) as e:  # e.g. a line that is not UTF-8 text
+                raise BadInputError(f"{path}: cannot infer column types from the first MiB: {e}") from None
         return {n: t.schema.field(n).type for n in names}
 
     def _formats(self) -> list[TextFormat]:
@@ -400,7 +403,7 @@ class _ColumnarSource(Source):
                 schema = self._open_schema(p)
             except BadInputError:
                 raise
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+            except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: e.g. undecodable names
                 raise BadInputError(f"{p}: not a readable {self.command} file: {e}") from None
             available = {}
             unsupported = {}
@@ -458,7 +461,7 @@ class _ColumnarSource(Source):
                                 position={"file": i, "rows": done}, file_index=i, input_bytes=0,
                                 disk_done=starts[i] + int(size * min(1.0, frac)), rows_read=batch.num_rows,
                                 skipped=skipped)
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+            except (pa.ArrowException, OSError, ValueError) as e:
                 raise BadInputError(f"{path}: cannot read (after row {done}): {e}") from None
             yield Chunk(0, {}, None, {"file": i + 1, "rows": 0}, i, 0, starts[i] + size, 0)
 

@@ -414,9 +414,9 @@ def read_header(tf: TextFile, delimiter: str, quoting: bool) -> tuple[list[str],
     try:
         t = pcsv.read_csv(pa.BufferReader(head), read_options=pcsv.ReadOptions(autogenerate_column_names=False),
                           parse_options=po)
-    except pa.ArrowInvalid as e:
+        names = t.column_names  # decodes the names: a header that is not UTF-8 fails here
+    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
         raise BadInputError(f"{tf.path}:1: cannot parse the header line: {e}") from None
-    names = t.column_names
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise BadInputError(f"{tf.path}:1: duplicate column names in the header: {', '.join(dup)}")

@@ -9,6 +9,7 @@
 
 from recflash.reader.errors import (  # noqa: F401
     CorruptionError,
+    DiskFullError,
     FeatureExistsError,
     InvalidArgumentError,
     NotAStoreError,
@@ -38,4 +39,5 @@ __all__ = [
     "StoreClosedError",
     "ReadOnlyError",
     "StaleSnapshotError",
+    "DiskFullError",
 ]

@@ -61,6 +61,11 @@ class IOError_(RecflashError, OSError):
     """An operating-system I/O error from the engine (errno and path in the message)."""
 
 
+class DiskFullError(IOError_):
+    """The filesystem is full (ENOSPC): the write that hit it failed and the store refuses
+    further writes until reopened. Everything synced before it stays readable."""
+
+
 __all__ = [
     "RecflashError",
     "UnknownFeatureError",
@@ -73,6 +78,7 @@ __all__ = [
     "StoreLockedError",
     "StoreClosedError",
     "IOError_",
+    "DiskFullError",
     "ReadOnlyError",
     "StaleSnapshotError",
 ]

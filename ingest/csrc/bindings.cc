@@ -71,17 +71,18 @@ py::object ParseCriteoBlockPy(py::buffer data, bool has_label) {
     py::object values;
     if (has_label && f == 0) {
       py::array_t<float> a(static_cast<py::ssize_t>(cols.labels.size()));
-      std::memcpy(a.mutable_data(), cols.labels.data(), cols.labels.size() * sizeof(float));
+      // (no memcpy of an empty vector: its data() may be null, which memcpy must not get)
+      if (!cols.labels.empty()) std::memcpy(a.mutable_data(), cols.labels.data(), cols.labels.size() * sizeof(float));
       values = a;
     } else {
       py::array_t<int64_t> a(static_cast<py::ssize_t>(cols.values[f].size()));
-      std::memcpy(a.mutable_data(), cols.values[f].data(), cols.values[f].size() * 8);
+      if (!cols.values[f].empty()) std::memcpy(a.mutable_data(), cols.values[f].data(), cols.values[f].size() * 8);
       values = a;
     }
     py::object present = py::none();
     if (cols.missing[f]) {
       py::array_t<bool> m(static_cast<py::ssize_t>(cols.rows));
-      std::memcpy(m.mutable_data(), cols.present[f].data(), cols.rows);
+      if (cols.rows) std::memcpy(m.mutable_data(), cols.present[f].data(), cols.rows);
       present = m;
     }
     fields.append(py::make_tuple(values, present));

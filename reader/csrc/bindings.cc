@@ -7,10 +7,13 @@
 
 #include <pybind11/stl.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 
 namespace recflash::bind {
+
+void RegisterTestingBindings(py::module_& parent);  // testing_bindings.cc
 
 void Raise(const Status& s) {
   // The class of each code comes from the one list in status.h (Status::Codes); errors.py
@@ -20,6 +23,14 @@ void Raise(const Status& s) {
     if (c.code == static_cast<int>(s.code())) cls_name = c.python_class;
   py::object errors = py::module_::import("recflash.reader.errors");
   py::object cls = errors.attr(cls_name);
+  if (s.sys_errno() != 0) {
+    // OS errors carry their errno (e.errno == errno.ENOSPC); a full disk has its own class.
+    if (s.sys_errno() == ENOSPC) cls = errors.attr("DiskFullError");
+    py::object exc = cls(s.message());
+    exc.attr("errno") = s.sys_errno();
+    PyErr_SetObject(cls.ptr(), exc.ptr());
+    throw py::error_already_set();
+  }
   PyErr_SetString(cls.ptr(), s.message().c_str());
   throw py::error_already_set();
 }
@@ -370,6 +381,7 @@ void InitReader(py::module_& m) {
   py::dict names;
   for (const auto& [role, name] : StoreFileNames()) names[py::str(role)] = name;
   m.attr("FILE_NAMES") = names;
+  RegisterTestingBindings(m);  // recflash._native._testing (fault injection, kill points)
   // Test-only: "reverse" delivers each window of io_uring completions in descending request
   // order (see IoRing::CompletionOrder); "arrival" restores the kernel's order.
   m.def("_set_io_completion_order", [](const std::string& order) {

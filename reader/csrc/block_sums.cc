@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
 
 namespace recflash {
 
@@ -75,6 +76,7 @@ Status BlockSums::Save(const std::string& path) {
   const uint32_t crc = crc32c::Value(buf.data(), buf.size());
   put(&crc, 4);
   const std::string tmp = path + ".tmp";
+  if (const int e = RF_FAULT(kCheckpointWrite, tmp)) return Status::FromErrno("write", tmp, e);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno("open", tmp, errno);
   size_t done = 0;
@@ -112,7 +114,9 @@ void BlockSums::Load(const std::string& path) {
   std::memcpy(&bs, buf.data() + 12, 4);
   std::memcpy(&count, buf.data() + 16, 8);
   const size_t entry = 12 + 4ull * blocks_per_page_;
-  if (ps != page_size_ || bs != block_size_ || buf.size() != head + count * entry + 4) return;
+  if (ps != page_size_ || bs != block_size_ || count > (buf.size() - head - 4) / entry ||
+      buf.size() != head + count * entry + 4)
+    return;  // (the count bound first: a damaged count must not overflow the size check)
   std::memcpy(&crc, buf.data() + buf.size() - 4, 4);
   if (crc32c::Value(buf.data(), buf.size() - 4) != crc) return;
   std::unique_lock<std::shared_mutex> l(mu_);

@@ -1,12 +1,15 @@
 #include "reader/csrc/io_ring.h"
 
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+
+#include "reader/csrc/fault_injection.h"
 
 namespace recflash {
 
@@ -69,9 +72,41 @@ Status IoRing::Create(unsigned depth, uint32_t slot_bytes, std::unique_ptr<IoRin
 
 IoRing::~IoRing() {
   if (ring_ok_) {
-    if (registered_) io_uring_unregister_buffers(&ring_);
+    if (registered_ && !broken_) io_uring_unregister_buffers(&ring_);
     io_uring_queue_exit(&ring_);
   }
+  // A ring that could not be drained may still complete reads into its slots after the
+  // exit (the kernel tears the ring down asynchronously): never hand that memory back.
+  if (broken_) slots_.release();
+}
+
+int IoRing::Submit(unsigned wait_nr, const std::string& path) {
+  if (const int e = RF_FAULT(kRingSubmit, path)) return -e;
+  return io_uring_submit_and_wait(&ring_, wait_nr);
+}
+
+Status IoRing::Abandon(Status status, unsigned inflight) {
+  // Every request prepared or submitted must complete before the ring (and its slots, or
+  // the caller's write buffers) can be used again: io_ring.h promises a ring comes back
+  // idle. Submit what is still queued and reap until nothing is outstanding.
+  unsigned failures = 0;
+  while (inflight > 0) {
+    const int rc = io_uring_submit_and_wait(&ring_, 1);
+    if (rc < 0 && rc != -EINTR) {
+      if (++failures > 1000) {
+        broken_ = true;  // the pool drops it; its slots are leaked rather than reused
+        return status;
+      }
+      ::usleep(1000);
+      continue;
+    }
+    io_uring_cqe* cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&ring_, head, cqe) seen++;
+    io_uring_cq_advance(&ring_, seen);
+    inflight -= std::min(seen, inflight);
+  }
+  return status;
 }
 
 Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
@@ -83,6 +118,11 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   std::vector<Pending> slot(depth_);
   std::vector<unsigned> free_slots;
   for (unsigned i = 0; i < depth_; i++) free_slots.push_back(depth_ - 1 - i);
+  for (const PageRun& r : runs)
+    if (static_cast<uint64_t>(r.count) * page_size > slot_bytes_)
+      return Status::InvalidArgument("read run of pages " + std::to_string(r.first) + ".." +
+                                     std::to_string(r.first + r.count - 1) + " of '" + path +
+                                     "' is larger than a ring slot (" + std::to_string(slot_bytes_) + " bytes)");
   size_t next = 0;
   unsigned inflight = 0;
   Status status;
@@ -107,7 +147,6 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   while (next < runs.size() || inflight > 0) {
     bool queued = false;
     while (status.ok() && next < runs.size() && !free_slots.empty()) {
-      if (runs[next].count * page_size > slot_bytes_) return Status::InvalidArgument("read run larger than a ring slot");
       unsigned s = free_slots.back();
       free_slots.pop_back();
       slot[s] = Pending{next++, 0};
@@ -116,8 +155,11 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
     }
     if (!status.ok() && inflight == 0) break;
     if (queued || inflight > 0) {
-      int rc = io_uring_submit_and_wait(&ring_, 1);
-      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+      int rc = Submit(1, path);
+      if (rc < 0 && rc != -EINTR) {
+        if (status.ok()) status = Status::FromErrno("io_uring_submit", path, -rc);
+        return Abandon(status, inflight);
+      }
     }
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
@@ -126,7 +168,9 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       seen++;
       const unsigned s = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
       inflight--;
-      const int res = cqe->res;
+      int res = cqe->res;
+      if (res > 0)
+        if (const int e = RF_FAULT(kPageRead, path)) res = -e;
       const PageRun& r = runs[slot[s].run];
       const uint32_t total = r.count * page_size;
       if (res < 0) {
@@ -214,10 +258,14 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
     if (status.ok()) status = cb(slot_block[sl], slots_.data() + static_cast<size_t>(sl) * slot_bytes_);
     free_slots.push_back(sl);
   };
+  for (const Block& b : blocks)
+    if (b.len > slot_bytes_)
+      return Status::InvalidArgument("block read of " + std::to_string(b.len) + " bytes at offset " +
+                                     std::to_string(b.offset) + " of '" + path + "' is larger than a ring slot (" +
+                                     std::to_string(slot_bytes_) + " bytes)");
   std::vector<unsigned> again;
   while (next < blocks.size() || inflight > 0) {
     while (status.ok() && next < blocks.size() && !free_slots.empty()) {
-      if (blocks[next].len > slot_bytes_) return Status::InvalidArgument("block read larger than a ring slot");
       const unsigned sl = free_slots.back();
       free_slots.pop_back();
       slot_block[sl] = next++;
@@ -230,16 +278,22 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
     const unsigned want = 1;
     if (idle && status.ok()) {
       // Submit without waiting, do the caller's work while the device reads, then wait.
-      int rc = io_uring_submit(&ring_);
-      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+      int rc = Submit(0, path);
+      if (rc < 0 && rc != -EINTR) return Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
       status = idle();
       io_uring_cqe* first;
       do rc = io_uring_wait_cqe_nr(&ring_, &first, want);
       while (rc == -EINTR);
-      if (rc < 0) return Status::FromErrno("io_uring_wait_cqe", path, -rc);
+      if (rc < 0) {
+        if (status.ok()) status = Status::FromErrno("io_uring_wait_cqe", path, -rc);
+        return Abandon(status, inflight);
+      }
     } else {
-      int rc = io_uring_submit_and_wait(&ring_, want);
-      if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+      int rc = Submit(want, path);
+      if (rc < 0 && rc != -EINTR) {
+        if (status.ok()) status = Status::FromErrno("io_uring_submit", path, -rc);
+        return Abandon(status, inflight);
+      }
     }
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
@@ -249,23 +303,26 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
       const unsigned sl = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
       inflight--;
       const Block& b = blocks[slot_block[sl]];
-      if (cqe->res < 0) {
-        if (cqe->res == -EAGAIN || cqe->res == -EINTR) {
+      int res = cqe->res;
+      if (res > 0)
+        if (const int e = RF_FAULT(kPageRead, path)) res = -e;
+      if (res < 0) {
+        if (res == -EAGAIN || res == -EINTR) {
           again.push_back(sl);
           continue;
         }
         if (status.ok())
           status = Status::FromErrno("read of " + std::to_string(b.len) + " bytes at offset " + std::to_string(b.offset),
-                                     path, -cqe->res);
+                                     path, -res);
         free_slots.push_back(sl);
         continue;
       }
-      if (cqe->res == 0) {
+      if (res == 0) {
         if (status.ok()) status = Status::Corruption("offset " + std::to_string(b.offset) + " of '" + path + "' lies beyond the end of the file");
         free_slots.push_back(sl);
         continue;
       }
-      slot_done[sl] += static_cast<uint32_t>(cqe->res);
+      slot_done[sl] += static_cast<uint32_t>(res);
       if (slot_done[sl] < b.len) {
         again.push_back(sl);
       } else if (reverse) {
@@ -298,18 +355,33 @@ Status IoRing::WriteRuns(int fd, const std::string& path, uint32_t page_size, co
   size_t next = 0;
   unsigned inflight = 0;
   Status status;
+  auto run_error = [&](size_t i, int err) {
+    if (status.ok())
+      status = Status::FromErrno("write of pages " + std::to_string(runs[i].first) + ".." +
+                                     std::to_string(runs[i].first + runs[i].count - 1),
+                                 path, err);
+  };
   auto submit = [&](size_t i) {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     const uint32_t total = runs[i].count * page_size;
-    io_uring_prep_write(sqe, fd, src[i] + st[i].done, total - st[i].done,
-                        static_cast<uint64_t>(runs[i].first) * page_size + st[i].done);
+    const uint64_t off = static_cast<uint64_t>(runs[i].first) * page_size + st[i].done;
+    if (const int e = RF_FAULT(kPageWrite, path)) {
+      run_error(i, e);  // as if the device had failed it: nothing submitted
+      return;
+    }
+    fault::BeforeOverwrite(path, off, total - st[i].done);
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    io_uring_prep_write(sqe, fd, src[i] + st[i].done, total - st[i].done, off);
     io_uring_sqe_set_data64(sqe, i);
     inflight++;
   };
   while (next < runs.size() || inflight > 0) {
-    while (next < runs.size() && inflight < depth_) submit(next++);
-    int rc = io_uring_submit_and_wait(&ring_, 1);
-    if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit", path, -rc);
+    while (status.ok() && next < runs.size() && inflight < depth_) submit(next++);
+    if (inflight == 0) break;
+    int rc = Submit(1, path);
+    if (rc < 0 && rc != -EINTR) {
+      if (status.ok()) status = Status::FromErrno("io_uring_submit", path, -rc);
+      return Abandon(status, inflight);
+    }
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
     std::vector<size_t> again;
@@ -320,10 +392,8 @@ Status IoRing::WriteRuns(int fd, const std::string& path, uint32_t page_size, co
       if (cqe->res < 0) {
         if (cqe->res == -EAGAIN || cqe->res == -EINTR) {
           again.push_back(i);
-        } else if (status.ok()) {
-          status = Status::FromErrno("write of pages " + std::to_string(runs[i].first) + ".." +
-                                         std::to_string(runs[i].first + runs[i].count - 1),
-                                     path, -cqe->res);
+        } else {
+          run_error(i, -cqe->res);
         }
         continue;
       }
@@ -351,6 +421,7 @@ Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out) {
 }
 
 void IoRingPool::Release(std::unique_ptr<IoRing> r) {
+  if (r->broken()) return;  // requests may still be outstanding: never lend it out again
   std::lock_guard<std::mutex> l(mu_);
   if (free_.size() < 8) free_.push_back(std::move(r));
 }

@@ -38,6 +38,11 @@ class AlignedBuffer {
   AlignedBuffer(const AlignedBuffer&) = delete;
   uint8_t* data() const { return p_; }
   size_t size() const { return n_; }
+  // Gives up ownership without freeing (memory the kernel may still write into).
+  void release() {
+    p_ = nullptr;
+    n_ = 0;
+  }
 
  private:
   uint8_t* p_ = nullptr;
@@ -62,6 +67,11 @@ class IoRing {
   ~IoRing();
 
   uint32_t slot_bytes() const { return slot_bytes_; }
+  // Every call below returns with nothing in flight, also on errors (a failed submit, a
+  // failed read, a callback's error): the ring can go back to the pool and be reused. A ring
+  // that could not be drained (the kernel refused every submit) reports broken() and the
+  // pool drops it.
+  bool broken() const { return broken_; }
   // Reads every run (each at most slot_bytes) from fd, calling cb as runs complete.
   Status ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                   const RunCallback& cb);
@@ -84,7 +94,12 @@ class IoRing {
 
  private:
   IoRing() = default;
+  // io_uring_submit_and_wait with the test-only fault hook (kind ring_submit).
+  int Submit(unsigned wait_nr, const std::string& path);
+  // After an error: submits what is queued and reaps until `inflight` requests completed.
+  Status Abandon(Status status, unsigned inflight);
   io_uring ring_{};
+  bool broken_ = false;
   bool ring_ok_ = false;
   unsigned depth_ = 0;
   uint32_t slot_bytes_ = 0;

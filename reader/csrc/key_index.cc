@@ -169,9 +169,10 @@ bool Take(const char** p, const char* end, T* v) {
 }
 template <typename T>
 bool TakeVec(const char** p, const char* end, size_t n, std::vector<T>* v) {
-  if (static_cast<size_t>(end - *p) < n * sizeof(T)) return false;
+  // Division, not n * sizeof(T): a damaged n must not overflow past the bound.
+  if (n > static_cast<size_t>(end - *p) / sizeof(T)) return false;
   v->resize(n);
-  std::memcpy(v->data(), *p, n * sizeof(T));
+  if (n) std::memcpy(v->data(), *p, n * sizeof(T));  // (an empty vector's data() may be null)
   *p += n * sizeof(T);
   return true;
 }

@@ -2,6 +2,8 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
+#include <cerrno>
+#include "reader/csrc/fault_injection.h"
 
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
@@ -142,6 +144,11 @@ Status MetaStore::Open(const std::string& dir, bool create, bool read_only) {
   o.write_buffer_size = 8 << 20;
   o.max_background_jobs = 1;
   o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  // Every commit is a synced write: only the last record of RocksDB's log can be torn by a
+  // crash. Damage anywhere else must fail the open (Corruption) instead of silently dropping
+  // committed metadata from there on, as the default point-in-time recovery would.
+  o.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  o.paranoid_checks = true;
   rocksdb::BlockBasedTableOptions t;
   t.block_size = 16 << 10;
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
@@ -151,6 +158,9 @@ Status MetaStore::Open(const std::string& dir, bool create, bool read_only) {
   if (!s.ok()) {
     if (s.IsIOError() && s.ToString().find("lock") != std::string::npos)
       return Status::Locked("metadata database '" + dir + "' is locked by another process: " + s.ToString());
+    if (s.IsCorruption())
+      return Status::Corruption("metadata database '" + dir + "' is damaged: " + s.ToString());
+    if (s.IsNoSpace()) return Status::FromErrno("open of metadata database (RocksDB: " + s.ToString() + ")", dir, ENOSPC);
     return Status::IOError("cannot open metadata database '" + dir + "': " + s.ToString());
   }
   db_.reset(db);
@@ -216,11 +226,36 @@ void MetaStore::PutState(rocksdb::WriteBatch* b, const PersistentState& st) {
 Status MetaStore::Commit(rocksdb::WriteBatch* b) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
+  RF_KILL_POINT("meta.commit.before");
+  if (const int e = RF_FAULT(kMetaCommit, dir_)) return Status::FromErrno("metadata commit (RocksDB write)", dir_, e);
   bytes_committed_ += b->GetDataSize();
   rocksdb::Status s = db_->Write(wo, b);
+  // A full disk keeps its errno, so it surfaces as DiskFullError like the engine's own writes.
+  if (s.IsNoSpace()) return Status::FromErrno("metadata commit (RocksDB: " + s.ToString() + ")", dir_, ENOSPC);
   if (!s.ok()) return Status::IOError("metadata commit failed in '" + dir_ + "': " + s.ToString());
+  RF_KILL_POINT("meta.commit.after");
   return Status::OK();
 }
+
+namespace {
+// Strict UTF-8 as Python decodes it (no overlong forms, surrogates or code points > U+10FFFF).
+bool ValidUtf8(const std::string& s) {
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >> 4) == 0xE ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    for (size_t k = 1; k < len; k++)
+      if ((static_cast<uint8_t>(s[i + k]) >> 6) != 2) return false;
+    const auto c1 = len > 1 ? static_cast<uint8_t>(s[i + 1]) : 0;
+    if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) || (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
+      return false;
+    i += len;
+  }
+  return true;
+}
+}  // namespace
 
 Status MetaStore::LoadFeatures(std::vector<FeatureDef>* out) {
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
@@ -235,6 +270,13 @@ Status MetaStore::LoadFeatures(std::vector<FeatureDef>* out) {
       return Status::Corruption("feature record " + std::to_string(f.id) + " in '" + dir_ + "' is truncated");
     f.type = static_cast<ValueType>(t);
     f.name = v.substr(pos);
+    // Names came from Python strings and types from ParseValueType: anything else is damage,
+    // and must not reach a reader (an undecodable name cannot even be put into an error).
+    const bool fsl = f.type == ValueType::kFixedFloat32;
+    if (t < static_cast<uint8_t>(ValueType::kFloat32) || t > static_cast<uint8_t>(ValueType::kBinary) ||
+        (fsl && (f.dim == 0 || f.dim > (1u << 20))) || f.name.empty() || f.name.size() > 255 || !ValidUtf8(f.name))
+      return Status::Corruption("feature record " + std::to_string(f.id) + " in '" + dir_ +
+                                "' is damaged (type, dimension or name out of range)");
     out->push_back(f);
   }
   if (!it->status().ok()) return Status::IOError("metadata scan failed in '" + dir_ + "': " + it->status().ToString());

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "reader/csrc/fault_injection.h"
+
 namespace recflash {
 
 PageFile::~PageFile() { Close(); }
@@ -16,12 +18,14 @@ Status PageFile::Open(const std::string& path, uint32_t page_size, bool direct, 
   path_ = path;
   page_size_ = page_size;
   const int mode = read_only ? O_RDONLY : (O_RDWR | O_CREAT);
+  const bool existed = ::access(path.c_str(), F_OK) == 0;
   fd_ = ::open(path.c_str(), mode | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
   if (fd_ < 0 && direct && errno == EINVAL) {
     fd_ = ::open(path.c_str(), mode | O_CLOEXEC, 0644);
     direct = false;
   }
   if (fd_ < 0) return Status::FromErrno("open", path, errno);
+  if (!existed) fault::FileCreated(path);
   direct_ = direct;
   return Status::OK();
 }
@@ -47,29 +51,46 @@ Status PageFile::Reserve(uint64_t slots) {
   const uint64_t ps = page_size_;
   const uint64_t step = std::clamp<uint64_t>(have * ps / 4, 1ull << 20, 256ull << 20) / ps;
   const uint64_t target = std::max(slots, have + std::max<uint64_t>(step, 1));
-  if (::fallocate(fd_, 0, static_cast<off_t>(have * ps), static_cast<off_t>((target - have) * ps)) != 0) {
-    if (errno == EOPNOTSUPP) {  // e.g. tmpfs without it: plain extending writes still work
+  auto alloc = [&](uint64_t to) {
+    if (const int e = RF_FAULT(kFallocate, path_)) return e;
+    if (::fallocate(fd_, 0, static_cast<off_t>(have * ps), static_cast<off_t>((to - have) * ps)) != 0) return errno;
+    return 0;
+  };
+  uint64_t to = target;
+  int err = alloc(to);
+  // Allocating ahead is only an optimisation: on a nearly full disk take just what is needed.
+  if (err == ENOSPC && target > slots) err = alloc(to = slots);
+  if (err != 0) {
+    if (err == EOPNOTSUPP) {  // e.g. tmpfs without it: plain extending writes still work
       no_fallocate_ = true;
       return Status::OK();
     }
-    return Status::FromErrno("fallocate", path_, errno);
+    return Status::FromErrno("fallocate", path_, err);
   }
-  reserved_slots_ = target;
+  reserved_slots_ = to;
+  RF_KILL_POINT("pages.reserve.after_fallocate");
   return Status::OK();
 }
 
 Status PageFile::Punch(uint32_t first, uint32_t count) {
+  RF_KILL_POINT("punch.before");
+  if (const int e = RF_FAULT(kPunchHole, path_)) return Status::FromErrno("fallocate(PUNCH_HOLE)", path_, e);
   if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first) * page_size_,
                   static_cast<off_t>(count) * page_size_) != 0) {
     // Filesystems without hole punching just keep the bytes; the slot is still reused.
     if (errno == EOPNOTSUPP) return Status::OK();
     return Status::FromErrno("fallocate(PUNCH_HOLE)", path_, errno);
   }
+  RF_KILL_POINT("punch.after");
   return Status::OK();
 }
 
 Status PageFile::Sync() {
+  RF_KILL_POINT("pages.write.before_sync");
+  if (const int e = RF_FAULT(kPageSync, path_)) return Status::FromErrno("fdatasync", path_, e);
   if (::fdatasync(fd_) != 0) return Status::FromErrno("fdatasync", path_, errno);
+  fault::FileSynced(path_);
+  RF_KILL_POINT("pages.sync.after");
   return Status::OK();
 }
 

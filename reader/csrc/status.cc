@@ -5,8 +5,10 @@
 namespace recflash {
 
 Status Status::FromErrno(const std::string& what, const std::string& path, int err) {
-  return Status(Code::kIOError, what + " failed on '" + path + "': " + std::strerror(err) +
-                                    " (errno " + std::to_string(err) + ")");
+  Status s(Code::kIOError, what + " failed on '" + path + "': " + std::strerror(err) + " (errno " +
+                               std::to_string(err) + ")");
+  s.errno_ = err;
+  return s;
 }
 
 std::string Status::CodeName(Code c) {

@@ -43,6 +43,8 @@ class Status {
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
+  // The errno of a FromErrno status (ENOSPC, EIO, ...), else 0.
+  int sys_errno() const { return errno_; }
   std::string ToString() const;
   // "Corruption", ...; "Unknown(<n>)" for a value outside the list.
   static std::string CodeName(Code c);
@@ -57,6 +59,7 @@ class Status {
  private:
   Status(Code c, std::string m) : code_(c), msg_(std::move(m)) {}
   Code code_ = Code::kOk;
+  int errno_ = 0;
   std::string msg_;
 };
 

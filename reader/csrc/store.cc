@@ -1,6 +1,7 @@
 #include "reader/csrc/store.h"
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
 #include "reader/csrc/store_internal.h"
 
 #include <rocksdb/write_batch.h>
@@ -32,12 +33,14 @@ using namespace store_internal;
 namespace store_internal {
 
 Status SyncDir(const std::string& dir) {
+  RF_KILL_POINT("dir.sync.before");
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno("open", dir, errno);
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
   if (rc != 0) return Status::FromErrno("fsync", dir, err);
+  fault::DirSynced(dir);
   return Status::OK();
 }
 
@@ -179,7 +182,9 @@ Status Store::Close() {
     if (bg_error_.ok()) s = FlushLocked(true);
     Status s2 = wal_.Sync();
     if (s.ok()) s = s2;
-    if (s.ok() && !o_.accounting) s = WriteCheckpoint();
+    // After a write error the tables in DRAM may be ahead of the committed metadata: no
+    // checkpoint of them (the next open rebuilds from the committed pages).
+    if (s.ok() && bg_error_.ok() && !o_.accounting) s = WriteCheckpoint();
     // Block checksums are a cache of verified page contents: losing them only costs a
     // whole-page read per page later, so a failure to save them does not fail the close.
     if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(StoreFileName(path_, FileKind::kBlockSums));

@@ -322,6 +322,7 @@ class Store {
   // merge because the index and the snapshot's pages disagreed (a writer mid-install).
   std::atomic<uint64_t> index_merges_{0}, index_merge_fallbacks_{0};
   uint64_t flushes_ = 0;  // lifetime byte counters live in pstate_
+  uint64_t punch_failures_ = 0;  // hole punches that failed (best effort, see ReleasePendingLocked)
   std::atomic<double> encoded_bytes_read_{0};
   uint64_t flush_pages_written_ = 0;
   uint64_t recovered_wal_records_ = 0;

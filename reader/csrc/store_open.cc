@@ -1,6 +1,7 @@
 #include "reader/csrc/store.h"
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
 #include "reader/csrc/store_internal.h"
 
 #include <fcntl.h>
@@ -141,6 +142,10 @@ Status Store::OpenImpl(const std::string& path) {
   RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), true));
   pages_path_ = StoreFileName(path, FileKind::kPages);
   RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io));
+  // The entries of pages.dat, wal/ and meta/ in the store directory must be durable before
+  // anything in them is: a power loss after a new store's first flush could otherwise leave
+  // committed metadata naming pages of a pages.dat that never reached the directory.
+  RF_RETURN_IF_ERROR(SyncDir(path));
   const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
   rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
   RF_RETURN_IF_ERROR(IoRing::Create(o_.queue_depth, slot_bytes, &write_ring_));
@@ -154,6 +159,16 @@ Status Store::OpenImpl(const std::string& path) {
 Status Store::LoadTables(uint32_t* max_pid) {
   bool found = false;
   RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
+  if (!found && !o_.accounting) {
+    // The state record is committed with the first feature and every flush: pages without
+    // it mean RocksDB lost committed records (a damaged or truncated log or table), not a
+    // new store. Opening as empty would silently drop everything.
+    uint64_t slots = 0;
+    RF_RETURN_IF_ERROR(file_.SlotCount(&slots));
+    if (slots > 0)
+      return Status::Corruption("metadata database of store '" + path_ + "' holds no state record but pages.dat spans " +
+                                std::to_string(slots) + " pages: the RocksDB directory is damaged");
+  }
   std::vector<FeatureDef> defs;
   RF_RETURN_IF_ERROR(meta_.LoadFeatures(&defs));
   for (const auto& d : defs) {
@@ -205,8 +220,9 @@ Status Store::Recover() {
   RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
   versions_.InstallLocked(BuildVersion(1, features_, pages_));  // no reader yet: mu_ not needed
   recovery_seconds_ = Now() - t0;
-  std::lock_guard<std::mutex> wl(write_mu_);
-  if (buffer_.bytes() >= o_.write_buffer_bytes) return FlushLocked(false);
+  // A replayed buffer at or above write_buffer_bytes is flushed by the next write, not here:
+  // the store must open (to be read, and to take the deletes that free space) also on a full
+  // disk, where this flush would fail.
   return Status::OK();
 }
 
@@ -478,6 +494,7 @@ constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": com
 Status Store::WriteCheckpoint() {
   // Streamed a feature at a time (a large key index is not copied whole), crc32c over all.
   const std::string tmp = StoreFileName(path_, FileKind::kCheckpointTemp);
+  if (const int e = RF_FAULT(kCheckpointWrite, tmp)) return Status::FromErrno("write", tmp, e);
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return Status::FromErrno("open", tmp, errno);
   uint32_t crc = 0;
@@ -519,6 +536,7 @@ Status Store::WriteCheckpoint() {
   ok = ok && std::fwrite(out.data(), 1, out.size(), f) == out.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   std::fclose(f);
   if (!ok) return Status::IOError("cannot write checkpoint '" + tmp + "'");
+  RF_KILL_POINT("checkpoint.before_rename");
   if (::rename(tmp.c_str(), StoreFileName(path_, FileKind::kCheckpoint).c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
   return SyncDir(path_);
 }
@@ -551,6 +569,7 @@ bool Store::LoadCheckpoint() {
     const char* blob;
     size_t blob_len;
   };
+  if (nf > static_cast<size_t>(end - p) / 28) return false;  // each feature takes >= 28 bytes
   std::vector<F> fs(nf);
   for (auto& f : fs) {
     if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id)) return false;

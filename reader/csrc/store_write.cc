@@ -112,9 +112,18 @@ Status Store::Write(WriteOp* w) {
     for (WriteOp* x : group) {
       if (!s.ok() || !logged) break;
       s = wal_.AppendParts(kWalBatch, x->parts.data(), x->parts.size());
+      // A failed append may have left part of a record in the log; replay stops there, so
+      // nothing appended behind it would survive: the store takes no more writes (RocksDB
+      // does the same on a WAL write error).
+      if (s.code() == Status::Code::kIOError) bg_error_ = s;
       sync = sync || x->sync;
     }
-    if (s.ok() && sync && logged) s = wal_.Sync();
+    if (s.ok() && sync && logged) {
+      s = wal_.Sync();
+      // After a failed fsync the kernel may have dropped the dirty pages; a later fsync
+      // could then succeed without them ("fsyncgate"): no acknowledgement after this one.
+      if (!s.ok()) bg_error_ = s;
+    }
     if (s.ok()) {
       std::lock_guard<std::mutex> l(mu_);
       for (WriteOp* x : group)
@@ -147,7 +156,9 @@ Status Store::Sync() {
   RF_RETURN_IF_ERROR(bg_error_);
   // Bulk-load mode has no log to sync: the buffer itself goes to pages.
   if (o_.bulk_load) return FlushLocked(true);
-  return wal_.Sync();
+  Status s = wal_.Sync();
+  if (!s.ok()) bg_error_ = s;  // see Write: a failed fsync is not retried
+  return s;
 }
 
 Status Store::Flush(bool force) {
@@ -523,7 +534,9 @@ Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint3
 
 void Store::ReleasePendingLocked() {
   for (const PageRun& r : CoalescePages(versions_.TakeReleasable(), UINT32_MAX)) {
-    if (!o_.accounting) file_.Punch(r.first, r.count);  // best effort: the slot is reusable either way
+    // Best effort: the slot is reusable either way (a failure only keeps its old bytes
+    // allocated), so it is counted in stats rather than failing the flush.
+    if (!o_.accounting && !file_.Punch(r.first, r.count).ok()) punch_failures_++;
     for (uint32_t i = 0; i < r.count; i++) pages_.AddFree(r.first + i);
   }
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
 
 namespace recflash {
 
@@ -20,8 +21,11 @@ Status WalWriter::Open(const std::string& path) {
   Close();
   path_ = path;
   file_bytes_ = 0;
+  const bool existed = ::access(path.c_str(), F_OK) == 0;
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) return Status::FromErrno("open", path, errno);
+  if (!existed) fault::FileCreated(path);
+  RF_KILL_POINT("wal.rotate.after_open");
   return Status::OK();
 }
 
@@ -53,6 +57,14 @@ Status WalWriter::AppendParts(uint8_t type, const iovec* parts, size_t nparts) {
   iov.push_back({hdr, sizeof hdr});
   for (size_t i = 0; i < nparts; i++)
     if (parts[i].iov_len) iov.push_back(parts[i]);
+  if (const int e = RF_FAULT(kWalAppend, path_)) return Status::FromErrno("write", path_, e);
+  if (fault::KillPointDue("wal.append.mid_record")) {
+    // Half the record reaches the file, then the process dies: replay must stop there.
+    std::string rec;
+    for (const iovec& v : iov) rec.append(static_cast<const char*>(v.iov_base), v.iov_len);
+    (void)!::write(fd_, rec.data(), rec.size() / 2);
+    fault::Die("wal.append.mid_record");
+  }
   // writev may stop early (signals, huge records): advance through the vector and retry.
   size_t first = 0;
   while (first < iov.size()) {
@@ -73,12 +85,16 @@ Status WalWriter::AppendParts(uint8_t type, const iovec* parts, size_t nparts) {
   bytes_written_ += total;
   file_bytes_ += total;
   unsynced_ += total;
+  RF_KILL_POINT("wal.append.before_sync");
   return Status::OK();
 }
 
 Status WalWriter::Sync() {
   if (unsynced_ == 0) return Status::OK();
+  if (const int e = RF_FAULT(kWalSync, path_)) return Status::FromErrno("fdatasync", path_, e);
   if (::fdatasync(fd_) != 0) return Status::FromErrno("fdatasync", path_, errno);
+  fault::FileSynced(path_);
+  RF_KILL_POINT("wal.sync.after");
   unsynced_ = 0;
   return Status::OK();
 }
@@ -90,6 +106,13 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
   if (!f) return Status::FromErrno("open", path, errno);
   Status s;
   std::string payload;
+  // A damaged length must not allocate beyond what the file holds (up to 4 GiB otherwise).
+  uint64_t left = 0;
+  if (std::fseek(f, 0, SEEK_END) == 0) {
+    const long end = std::ftell(f);
+    left = end > 0 ? static_cast<uint64_t>(end) : 0;
+  }
+  std::rewind(f);
   for (;;) {
     uint8_t hdr[9];
     size_t got = std::fread(hdr, 1, 9, f);
@@ -98,9 +121,15 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
       *torn_tail = true;
       break;
     }
+    left -= std::min<uint64_t>(left, 9);
     uint32_t crc, len;
     std::memcpy(&crc, hdr, 4);
     std::memcpy(&len, hdr + 4, 4);
+    if (len > left) {
+      *torn_tail = true;
+      break;
+    }
+    left -= len;
     payload.resize(len);
     if (std::fread(payload.data(), 1, len, f) != len) {
       *torn_tail = true;

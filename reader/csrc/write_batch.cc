@@ -88,7 +88,7 @@ Status DecodeBatch(const std::string& p, const std::string& where, DecodedBatch*
   size_t pos = kBatchHeaderBytes;
   if (p.size() < pos + 8ull * n) return truncated();
   out->keys.resize(n);
-  std::memcpy(out->keys.data(), p.data() + pos, 8ull * n);
+  if (n) std::memcpy(out->keys.data(), p.data() + pos, 8ull * n);  // (empty: data() may be null)
   pos += 8ull * n;
   out->values = nullptr;
   out->offsets.clear();

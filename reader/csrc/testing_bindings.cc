@@ -1,0 +1,195 @@
+// recflash._native._testing: the test-only controls of the engine (fault injection, kill
+// points, power-loss simulation, and direct access to pieces the store does not expose).
+// Nothing here is part of the product API; recflash.reader.testing wraps it for pytest.
+#include <fcntl.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <rocksdb/db.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "reader/csrc/block_sums.h"
+#include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
+#include "reader/csrc/format.h"
+#include "reader/csrc/wal.h"
+#include "reader/csrc/io_ring.h"
+#include "reader/csrc/status.h"
+
+namespace py = pybind11;
+using namespace recflash;
+
+namespace {
+
+fault::Kind KindArg(const std::string& name) {
+  fault::Kind k;
+  if (!fault::KindFromName(name, &k)) {
+    std::string all;
+    for (int i = 0; i < static_cast<int>(fault::Kind::kCount); i++)
+      all += std::string(i ? ", " : "") + fault::KindName(static_cast<fault::Kind>(i));
+    throw py::value_error("unknown fault kind '" + name + "' (kinds: " + all + ")");
+  }
+  return k;
+}
+
+// An IoRing of its own, so a test can make one call fail and check the next on the same ring.
+class TestRing {
+ public:
+  TestRing(unsigned depth, uint32_t slot_bytes) {
+    Status s = IoRing::Create(depth, slot_bytes, &ring_);
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+  }
+  // Bytes of each run, in run order. Errors come back as RuntimeError("<Code>: message").
+  std::vector<py::bytes> ReadRuns(const std::string& path, uint32_t page_size,
+                                  const std::vector<std::pair<uint32_t, uint32_t>>& runs) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("cannot open " + path);
+    std::vector<PageRun> pr;
+    for (auto [f, c] : runs) pr.push_back({f, c});
+    std::vector<std::string> out(pr.size());
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = ring_->ReadRuns(fd, path, page_size, pr, [&](const PageRun& r, const uint8_t* data) {
+        for (size_t i = 0; i < pr.size(); i++)
+          if (pr[i].first == r.first && pr[i].count == r.count)
+            out[i].assign(reinterpret_cast<const char*>(data), static_cast<size_t>(r.count) * page_size);
+        return Status::OK();
+      });
+    }
+    ::close(fd);
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+    std::vector<py::bytes> res;
+    for (auto& o : out) res.emplace_back(o);
+    return res;
+  }
+  bool broken() const { return ring_->broken(); }
+
+ private:
+  std::unique_ptr<IoRing> ring_;
+};
+
+Status StatusOf(int code, const std::string& m) {
+  using C = Status::Code;
+  switch (static_cast<C>(code)) {
+    case C::kOk: return Status::OK();
+    case C::kUnknownFeature: return Status::UnknownFeature(m);
+    case C::kFeatureExists: return Status::FeatureExists(m);
+    case C::kSchema: return Status::Schema(m);
+    case C::kInvalidArgument: return Status::InvalidArgument(m);
+    case C::kTooLarge: return Status::TooLarge(m);
+    case C::kNotAStore: return Status::NotAStore(m);
+    case C::kCorruption: return Status::Corruption(m);
+    case C::kLocked: return Status::Locked(m);
+    case C::kClosed: return Status::Closed(m);
+    case C::kIOError: return Status::IOError(m);
+    case C::kReadOnly: return Status::ReadOnly(m);
+    case C::kStale: return Status::Stale(m);
+  }
+  throw py::value_error("no status code " + std::to_string(code));
+}
+
+// Fuzz entry: a page's bytes (padded or cut to page_size). fix_checksum stamps the id and a
+// valid crc32c first, so the checks behind the checksum are reached too. Returns the number
+// of segments, or raises RuntimeError("Corruption: ...") — the same status a read gets.
+int DecodePage(const std::string& bytes, uint32_t page_size, uint32_t page_id, bool fix_checksum) {
+  AlignedBuffer buf(page_size);
+  std::memset(buf.data(), 0, page_size);
+  std::memcpy(buf.data(), bytes.data(), std::min<size_t>(bytes.size(), page_size));
+  if (fix_checksum && page_size >= 64) StampPageId(buf.data(), page_size, page_id);
+  PageView v;
+  Status s = PageView::Parse(buf.data(), page_size, page_id, "fuzz", &v);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  return static_cast<int>(v.nseg());
+}
+
+// Fuzz entry: the records of a WAL file (framing and record checksums), as (type, payload).
+py::list ReadWal(const std::string& path) {
+  py::list out;
+  bool torn = false;
+  Status s = ReadWalFile(path, [&](uint8_t type, const std::string& p) {
+    out.append(py::make_tuple(type, py::bytes(p)));
+    return Status::OK();
+  }, &torn);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  return out;
+}
+
+// Fuzz entry: overwrites the value of one metadata record of a closed store's RocksDB
+// directory: kind 0 a feature record, 1 a page record, 2 the state record; `pick` chooses
+// among the records of that kind.
+void MetaPut(const std::string& dir, int kind, int pick, const std::string& value) {
+  const char prefix = kind == 0 ? 'F' : kind == 1 ? 'P' : 'S';
+  rocksdb::Options o;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::vector<std::string> keys;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(std::string(1, prefix)); it->Valid() && it->key().size() && it->key()[0] == prefix; it->Next())
+    keys.push_back(it->key().ToString());
+  it.reset();
+  if (keys.empty()) throw std::runtime_error("no record of that kind");
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  s = db->Put(wo, keys[static_cast<size_t>(pick) % keys.size()], value);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+
+}  // namespace
+
+namespace recflash::bind {
+
+void RegisterTestingBindings(py::module_& parent) {
+  py::module_ m = parent.def_submodule("_testing", "test-only fault injection and engine probes");
+  m.def("kinds", [] {
+    std::vector<std::string> v;
+    for (int i = 0; i < static_cast<int>(fault::Kind::kCount); i++) v.push_back(fault::KindName(static_cast<fault::Kind>(i)));
+    return v;
+  });
+  m.def("arm", [](const std::string& kind, uint64_t nth, int err, bool sticky, const std::string& path) {
+    if (nth == 0) throw py::value_error("nth counts from 1");
+    fault::Arm(KindArg(kind), nth, err, sticky, path);
+  }, py::arg("kind"), py::arg("nth") = 1, py::arg("errno") = EIO, py::arg("sticky") = false, py::arg("path") = "");
+  m.def("disarm", &fault::DisarmAll);
+  m.def("calls", [](const std::string& kind) { return fault::Calls(KindArg(kind)); });
+  m.def("kill_points", [] {
+    std::vector<std::string> v(fault::KillPointNames().begin(), fault::KillPointNames().end());
+    return v;
+  });
+  m.def("arm_kill_point", [](const std::string& name, uint64_t nth, bool power_loss, uint64_t seed) {
+    bool known = name == "any";
+    for (const char* k : fault::KillPointNames()) known = known || name == k;
+    if (!known) throw py::value_error("unknown kill point '" + name + "'");
+    fault::ArmKillPoint(name, nth, power_loss, seed);
+  }, py::arg("name"), py::arg("nth") = 1, py::arg("power_loss") = false, py::arg("seed") = 0);
+  m.def("kill_point_hits", [] {
+    py::dict d;
+    for (auto& [k, v] : fault::KillPointHits()) d[py::str(k)] = v;
+    return d;
+  });
+  m.def("track_power_loss", &fault::SetTracking, py::arg("on"), py::arg("seed") = 0);
+  m.def("power_loss", [](int code) { fault::PowerLoss(code); }, py::arg("exit_code") = 86);
+  m.def("status_to_string", [](int code, const std::string& msg) { return StatusOf(code, msg).ToString(); });
+  m.def("decode_page", &DecodePage, py::arg("data"), py::arg("page_size"), py::arg("page_id") = 0,
+        py::arg("fix_checksum") = false);
+  m.def("read_wal", &ReadWal, py::arg("path"));
+  m.def("meta_put", &MetaPut, py::arg("dir"), py::arg("kind"), py::arg("pick"), py::arg("value"));
+  m.def("load_block_sums", [](const std::string& path, uint32_t page_size, uint32_t block_size) {
+    BlockSums b(page_size, block_size);
+    b.Load(path);
+    return b.Has(0, 0);
+  });
+  m.def("crc32c", [](const std::string& data) { return crc32c::Value(data.data(), data.size()); });
+  py::class_<TestRing>(m, "TestRing")
+      .def(py::init<unsigned, uint32_t>(), py::arg("depth"), py::arg("slot_bytes"))
+      .def("read_runs", &TestRing::ReadRuns)
+      .def_property_readonly("broken", &TestRing::broken);
+}
+
+}  // namespace recflash::bind

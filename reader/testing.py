@@ -1,0 +1,77 @@
+"""Test-only controls of the engine: injected I/O errors, kill points, power-loss simulation.
+
+Nothing here is product API. Every control is off unless armed, and costs the engine one
+relaxed atomic load per I/O call while off.
+
+>>> from recflash.reader import testing
+>>> with testing.fault("wal_sync", nth=1, errno=errno.EIO):
+...     store.sync()          # raises IOError_ naming fdatasync and the WAL file
+
+Kinds (site classes): page_write, page_read, page_sync, wal_append, wal_sync, fallocate,
+punch_hole, meta_commit, checkpoint_write, ring_submit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as _errno
+from typing import Iterator
+
+from recflash import _native
+
+_t = _native._testing
+
+KINDS: list[str] = list(_t.kinds())
+KILL_POINTS: list[str] = list(_t.kill_points())
+
+
+def arm(kind: str, nth: int = 1, errno: int = _errno.EIO, sticky: bool = False, path: str = "") -> None:
+    """Fail the nth call (counted from now) of `kind` with `errno`; with sticky, every later
+    call too (a disk that stays full). `path`: only calls on paths containing it count."""
+    _t.arm(kind, nth, errno, sticky, path)
+
+
+def disarm() -> None:
+    """Disarm every fault and kill point, stop power-loss tracking, reset the counters."""
+    _t.disarm()
+
+
+def calls(kind: str) -> int:
+    """Calls of `kind` counted while anything was armed."""
+    return int(_t.calls(kind))
+
+
+@contextlib.contextmanager
+def fault(kind: str, nth: int = 1, errno: int = _errno.EIO, sticky: bool = False, path: str = "") -> Iterator[None]:
+    arm(kind, nth, errno, sticky, path)
+    try:
+        yield
+    finally:
+        disarm()
+
+
+def arm_kill_point(name: str, nth: int = 1, power_loss: bool = False, seed: int = 0) -> None:
+    """Die at the nth hit of kill point `name` ("any": of any point): SIGKILL, or with
+    power_loss a simulated power loss (unsynced data dropped or torn) and exit code 86."""
+    _t.arm_kill_point(name, nth, power_loss, seed)
+
+
+def kill_point_hits() -> dict[str, int]:
+    return dict(_t.kill_point_hits())
+
+
+def track_power_loss(on: bool = True, seed: int = 0) -> None:
+    """Start remembering what is written and not yet durable (call before opening the store)."""
+    _t.track_power_loss(on, seed)
+
+
+def power_loss(exit_code: int = 86) -> None:
+    """Simulate a power loss now: drop or tear everything not durable, then exit the process."""
+    _t.power_loss(exit_code)
+
+
+def status_to_string(code: int, message: str) -> str:
+    return _t.status_to_string(code, message)
+
+
+TestRing = _t.TestRing

@@ -42,6 +42,31 @@ def check_table_matches(backend, name: str, num_rows: int, dim: int, where: str)
                           f"{info.num_rows} in the store")
 
 
+def pooled_lookup(backend, tables: List[Tuple[str, int]], batch: int, values: torch.Tensor, offsets: torch.Tensor,
+                  weights, mode: str, max_gather_bytes: int) -> torch.Tensor:
+    """[batch, sum of dims] pooled vectors of a group's features (one (table, dim) per feature, in
+    the KJT's key order) through the backend: one ``sls`` call per window of whole bags, every
+    table of the group in one ring pass. The engine holds every looked-up row of a call while it
+    pools (about 2 x ids x row bytes); windows keep that under ``max_gather_bytes``."""
+    need = 2 * sum(4 * dim for _, dim in tables) * (values.numel() / max(1, len(tables)))
+    windows = max(1, min(batch, int(-(-need // max_gather_bytes)))) if max_gather_bytes > 0 else 1
+    step = max(1, -(-batch // windows))
+    parts = []
+    for b0 in range(0, batch, step):
+        b1 = min(batch, b0 + step)
+        requests = []
+        for i, (table, _) in enumerate(tables):
+            off = offsets[i * batch + b0:i * batch + b1 + 1]
+            a = int(off[0])
+            z = int(off[-1])
+            requests.append(SlsRequest(table, values[a:z], off - a if a else off, mode=mode,
+                                       per_sample_weights=None if weights is None else weights[a:z],
+                                       include_last_offset=True))
+        pooled = backend.sls(requests)
+        parts.append(pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
 class SsdEmbeddingBag(BaseEmbedding):
     """Pooled lookups of a group of SSD tables through a recflash SLS backend."""
 
@@ -50,9 +75,7 @@ class SsdEmbeddingBag(BaseEmbedding):
         super().__init__()
         self._config = config
         self._backend = backend
-        # The engine holds every looked-up row of a call while it pools (gathered and placed:
-        # about 2 x ids x row bytes). A batch whose rows would pass this is sent as several calls
-        # of whole bags, so serving memory stays bounded whatever the batch size.
+        # see pooled_lookup: serving memory stays bounded whatever the batch size
         self._max_gather_bytes = int(max_gather_bytes)
         if config.pooling == PoolingType.SUM:
             self._mode = "sum"
@@ -98,23 +121,8 @@ class SsdEmbeddingBag(BaseEmbedding):
         if weights is not None and self._mode != "sum":
             raise InvalidArgumentError(f"SSD tables {', '.join(self.table_names())}: per-sample weights "
                                        f"need sum pooling, the tables pool by {self._mode}")
-        need = 2 * sum(4 * dim for _, _, dim in self._features) * (values.numel() / max(1, len(self._features)))
-        windows = max(1, min(batch, int(-(-need // self._max_gather_bytes)))) if self._max_gather_bytes > 0 else 1
-        step = -(-batch // windows)
-        parts = []
-        for b0 in range(0, batch, step):
-            b1 = min(batch, b0 + step)
-            requests = []
-            for i, (_, table, _) in enumerate(self._features):
-                off = offsets[i * batch + b0:i * batch + b1 + 1]
-                a = int(off[0])
-                z = int(off[-1])
-                requests.append(SlsRequest(
-                    table, values[a:z], off - a if a else off, mode=self._mode,
-                    per_sample_weights=None if weights is None else weights[a:z], include_last_offset=True))
-            pooled = self._backend.sls(requests)  # every table of the group in one ring pass
-            parts.append(pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        return pooled_lookup(self._backend, [(t, d) for _, t, d in self._features], batch, values, offsets,
+                             weights, self._mode, self._max_gather_bytes)
 
     # The kernel holds no parameters: nothing for TorchRec's state_dict or optimizer to see.
     def named_parameters_by_table(self) -> Iterator[Tuple[str, torch.Tensor]]:

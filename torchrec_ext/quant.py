@@ -26,10 +26,9 @@ from torchrec.distributed.fused_params import FUSED_PARAM_IS_SSD_TABLE, FUSED_PA
 from torchrec.modules.embedding_configs import DataType, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recflash.ndp import SlsRequest
 from recflash.reader.errors import InvalidArgumentError
 from recflash.torchrec_ext.backend import open_backend
-from recflash.torchrec_ext.embedding_kernel import check_table_matches
+from recflash.torchrec_ext.embedding_kernel import check_table_matches, pooled_lookup
 
 _DTYPE_OF = {DataType.INT8: "int8", DataType.FP16: "float16", DataType.FP32: "float32"}
 
@@ -37,7 +36,8 @@ _DTYPE_OF = {DataType.INT8: "int8", DataType.FP16: "float16", DataType.FP32: "fl
 class SsdQuantEmbeddingBag(nn.Module):
     """Stands in for a ``QuantBatchedEmbeddingBag`` whose tables are on SSD."""
 
-    def __init__(self, config: GroupedEmbeddingConfig, backend, output_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, config: GroupedEmbeddingConfig, backend, output_dtype: torch.dtype = torch.float32,
+                 max_gather_bytes: int = 16 << 20) -> None:
         super().__init__()
         self._config = config
         self._backend = backend
@@ -45,10 +45,11 @@ class SsdQuantEmbeddingBag(nn.Module):
         if config.pooling not in (PoolingType.SUM, PoolingType.MEAN):
             raise InvalidArgumentError(f"SSD tables: pooling {config.pooling} is not supported (sum and mean are)")
         self._mode = "mean" if config.pooling == PoolingType.MEAN else "sum"
-        self._features: List[Tuple[str, str]] = []
+        self._max_gather_bytes = int(max_gather_bytes)
+        self._features: List[Tuple[str, int]] = []  # (table, dim) per feature, in key order
         for t in config.embedding_tables:
             check_table_matches(backend, t.name, t.num_embeddings, t.embedding_dim, "quantized SSD table group")
-            self._features.extend((f, t.name) for f in t.feature_names)
+            self._features.extend((t.name, t.embedding_dim) for _ in t.feature_names)
 
     @property
     def config(self) -> GroupedEmbeddingConfig:
@@ -57,17 +58,9 @@ class SsdQuantEmbeddingBag(nn.Module):
     def forward(self, features: KeyedJaggedTensor, vbe_output=None, vbe_output_offsets=None) -> torch.Tensor:
         if features.variable_stride_per_key():
             raise InvalidArgumentError("SSD tables do not support a variable batch size per feature")
-        b = features.stride()
-        values, offsets = features.values(), features.offsets()
         weights = features.weights_or_none() if self._config.is_weighted else None
-        reqs = []
-        for i, (_, table) in enumerate(self._features):
-            off = offsets[i * b:(i + 1) * b + 1]
-            a, z = int(off[0]), int(off[-1])
-            reqs.append(SlsRequest(table, values[a:z], off - a, mode=self._mode, include_last_offset=True,
-                                   per_sample_weights=None if weights is None else weights[a:z]))
-        out = self._backend.sls(reqs)
-        out = out[0] if len(out) == 1 else torch.cat(out, dim=1)
+        out = pooled_lookup(self._backend, self._features, features.stride(), features.values(), features.offsets(),
+                            weights, self._mode, self._max_gather_bytes)
         return out.to(self._output_dtype)
 
     # No weights in DRAM: nothing for state_dict or the TBE registry to see.

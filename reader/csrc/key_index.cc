@@ -231,10 +231,17 @@ void KeyIndex::Serialize(std::string* out) const {
   if (track_lens_) out->append(reinterpret_cast<const char*>(lens_.data()), lens_.size() * 4);
 }
 
-bool KeyIndex::Skip(const char** p, const char* end) {
+bool KeyIndex::Skip(const char** p, const char* end, Summary* summary) {
   uint8_t dense, track;
   uint64_t base, n, nbytes = 0, nruns;
-  if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base) || !Take(p, end, &n)) return false;
+  if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base) || !Take(p, end, &n) || dense > 2)
+    return false;
+  if (summary) {
+    *summary = Summary();
+    summary->mode = dense;
+    summary->track_lens = track != 0;
+    summary->entries = n;
+  }
   if (dense == 2) return true;  // deferred: the header is all
   auto skip = [&](uint64_t b) {
     if (static_cast<uint64_t>(end - *p) < b) return false;
@@ -242,15 +249,24 @@ bool KeyIndex::Skip(const char** p, const char* end) {
     return true;
   };
   if (!dense && (!Take(p, end, &nbytes) || !skip(nbytes))) return false;
-  if (!Take(p, end, &nruns) || nruns > (1ull << 40) || !skip(nruns * 8)) return false;
+  if (!Take(p, end, &nruns) || nruns > (1ull << 40)) return false;
+  const char* runs = *p;
+  if (!skip(nruns * 8)) return false;
+  const char* lens = *p;
   if (track && (n > (1ull << 40) || !skip(n * 4))) return false;
+  if (summary) {
+    summary->runs = reinterpret_cast<const uint32_t*>(runs);
+    summary->nruns = nruns;
+    summary->lens = track ? lens : nullptr;
+  }
   return true;
 }
 
 bool KeyIndex::Deserialize(const char** p, const char* end) {
   uint8_t dense, track;
   uint64_t n;
-  if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base_) || !Take(p, end, &n)) return false;
+  if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base_) || !Take(p, end, &n) || dense > 2)
+    return false;
   if (dense == 2) {
     deferred_ = true;
     deferred_max_ = base_;
@@ -268,6 +284,7 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
   track_lens_ = track != 0;
   keys_.clear();
   lens_.clear();
+  if (dense_ && n > 0 && n - 1 > UINT64_MAX - base_) return false;  // the dense run would wrap
   if (!dense_) {
     uint64_t nbytes;
     if (!Take(p, end, &nbytes) || static_cast<uint64_t>(end - *p) < nbytes) return false;
@@ -284,11 +301,14 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
       }
     };
     uint64_t at = 0, next = 0;
+    bool wrapped = false;  // the last key was UINT64_MAX: nothing may follow
     while (at < n) {
       uint64_t gap, len;
       if (!varint(&gap) || !varint(&len) || len == 0 || len > n - at) return false;
+      if (wrapped || gap > UINT64_MAX - next || len - 1 > UINT64_MAX - (next + gap)) return false;  // keys ascend
       next += gap;
       for (uint64_t r = 0; r < len; r++) keys_[at++] = next++;
+      wrapped = next == 0;
     }
     if (q != qe) return false;
     *p = reinterpret_cast<const char*>(qe);
@@ -298,7 +318,10 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
   if (!Take(p, end, &nruns) || !TakeVec(p, end, nruns * 2, &runs)) return false;
   locs_.clear();
   locs_.reserve(n);
-  for (uint64_t r = 0; r < nruns; r++) locs_.insert(locs_.end(), runs[2 * r + 1], runs[2 * r]);
+  for (uint64_t r = 0; r < nruns; r++) {
+    if (runs[2 * r + 1] > n - locs_.size()) return false;  // more locations than entries
+    locs_.insert(locs_.end(), runs[2 * r + 1], runs[2 * r]);
+  }
   if (locs_.size() != n) return false;
   if (track_lens_ && !TakeVec(p, end, n, &lens_)) return false;
   return true;

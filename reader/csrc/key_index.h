@@ -78,8 +78,18 @@ class KeyIndex {
   // Checkpoint form (clean shutdown): appended to / parsed from a byte string.
   void Serialize(std::string* out) const;
   bool Deserialize(const char** p, const char* end);
+  // What a serialized index claims, read without decoding its keys: enough for the
+  // checkpoint loader to check it against the page table before trusting it.
+  struct Summary {
+    uint8_t mode = 0;          // 0 key runs, 1 dense run, 2 deferred
+    bool track_lens = false;
+    uint64_t entries = 0;      // index entries (tombstones included); deferred: items
+    const uint32_t* runs = nullptr;  // (location, count) pairs, unaligned: read with memcpy
+    uint64_t nruns = 0;
+    const char* lens = nullptr;      // entries u32 lengths when tracked, unaligned
+  };
   // Advances *p past one serialized index without decoding it (false if truncated).
-  static bool Skip(const char** p, const char* end);
+  static bool Skip(const char** p, const char* end, Summary* summary = nullptr);
   size_t MemoryBytes() const { return keys_.capacity() * 8 + locs_.capacity() * 4 + lens_.capacity() * 4; }
   bool dense() const { return dense_; }
 

@@ -310,6 +310,22 @@ Status Store::LoadIndex(FeatureState* f) {
                               "' does not decode");
   {
     std::lock_guard<std::mutex> ml(mu_);  // get() reads indexes under mu_
+    // Each key must fall in the key range of the segment its location names (LoadCheckpoint
+    // checked the locations and counts; the keys are only decoded here).
+    const SegMeta* sm = nullptr;
+    uint32_t last = UINT32_MAX;
+    for (size_t i = 0; i < idx.size(); i++) {
+      const uint32_t pid = idx.loc(i) & ~KeyIndex::kTomb;
+      if (pid != last) {
+        last = pid;
+        sm = pid < pages_.slots() ? pages_.at(pid).seg(f->def.id) : nullptr;
+      }
+      const uint64_t k = idx.key(i);
+      if (!sm || k < sm->min_key || k > sm->max_key)
+        return Status::Corruption("checkpoint key index of feature '" + f->def.name + "' in '" + path_ +
+                                  "' places key " + std::to_string(k) + " in page " + std::to_string(pid) +
+                                  ", whose segment does not cover it");
+    }
     f->index = std::move(idx);
     f->index_lazy = false;
   }
@@ -489,6 +505,110 @@ Status Store::RebuildFromPages() {
 
 namespace {
 constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": compact key index form
+
+// One feature's record in the checkpoint, parsed but not yet applied.
+struct CheckpointFeature {
+  uint32_t id;
+  uint64_t items, bytes, tombs;
+  const char* blob;
+  size_t blob_len;
+  KeyIndex::Summary sum;
+};
+
+using CheckpointSegs = std::vector<std::pair<uint32_t, std::vector<std::pair<uint32_t, uint64_t>>>>;
+
+// True when the checkpoint's derived state is consistent with the page table: per feature,
+// the index's entries and locations match the segments' valid counts and bytes, which sum to
+// the feature's counters, and no segment claims more valid records than it holds.
+bool CheckpointAgrees(const std::vector<CheckpointFeature>& fs, const CheckpointSegs& segs,
+                      const std::vector<uint32_t>& slot_of, FeatureTable* features, LogicalPageTable* pages) {
+  // Per-segment claims, and their sums per feature.
+  std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> sums;  // fid -> (valid, valid bytes)
+  for (const auto& [pid, v] : segs) {
+    const PageMeta& pm = pages->at(pid);
+    for (size_t i = 0; i < v.size(); i++) {
+      const SegMeta& sm = pm.segs[i];
+      const FeatureState* f = features->Get(sm.fid);
+      if (!f) return false;
+      if (sm.retired) {
+        if (v[i].first != 0 || v[i].second != 0) return false;
+        continue;
+      }
+      const uint32_t valid = v[i].first;
+      if (valid > sm.count) return false;
+      const uint32_t w = f->def.fixed_width();
+      const uint64_t most = w ? static_cast<uint64_t>(valid) * ItemBytes(w) : static_cast<uint64_t>(valid) * 8 + sm.length;
+      if (v[i].second > most) return false;
+      auto& [sv, sb] = sums[sm.fid];
+      sv += valid;
+      sb += v[i].second;
+    }
+  }
+  std::vector<uint64_t> per_slot(segs.size());  // this feature's index entries per page
+  std::vector<uint64_t> tombs_slot(segs.size()), bytes_slot(segs.size());
+  for (const CheckpointFeature& f : fs) {
+    const FeatureState* st = features->Get(f.id);
+    const uint32_t w = st->def.fixed_width();
+    const auto [valid_sum, bytes_sum] = sums.count(f.id) ? sums[f.id] : std::pair<uint64_t, uint64_t>(0, 0);
+    if (f.items > UINT64_MAX - f.tombs || valid_sum != f.items + f.tombs || bytes_sum != f.bytes) return false;
+    if (f.sum.track_lens != st->def.variable()) return false;
+    if (f.sum.mode == 2) {  // deferred: every record of every live segment is current, no tombstones
+      // (a variable-width feature's bytes per segment are bounded above, not known exactly)
+      if (f.tombs != 0 || f.sum.entries != f.items) return false;
+      for (const auto& [pid, v] : segs) {
+        const PageMeta& pm = pages->at(pid);
+        for (size_t i = 0; i < v.size(); i++)
+          if (pm.segs[i].fid == f.id && !pm.segs[i].retired &&
+              (pm.segs[i].tombs != 0 || v[i].first != pm.segs[i].count ||
+               (w && v[i].second != static_cast<uint64_t>(pm.segs[i].count) * ItemBytes(w))))
+            return false;
+      }
+      continue;
+    }
+    if (f.sum.entries != f.items + f.tombs) return false;
+    std::fill(per_slot.begin(), per_slot.end(), 0);
+    std::fill(tombs_slot.begin(), tombs_slot.end(), 0);
+    std::fill(bytes_slot.begin(), bytes_slot.end(), 0);
+    uint64_t at = 0;
+    for (uint64_t r = 0; r < f.sum.nruns; r++) {
+      uint32_t run[2];
+      std::memcpy(run, f.sum.runs + 2 * r, sizeof(run));
+      const uint32_t loc = run[0], count = run[1];
+      const uint32_t pid = loc & ~KeyIndex::kTomb;
+      const bool tomb = (loc & KeyIndex::kTomb) != 0;
+      if (count > f.sum.entries - at || pid >= slot_of.size() || slot_of[pid] == UINT32_MAX) return false;
+      const SegMeta* sm = pages->at(pid).seg(f.id);
+      if (!sm || sm->retired) return false;
+      const uint32_t slot = slot_of[pid];
+      per_slot[slot] += count;
+      if (tomb) {
+        tombs_slot[slot] += count;
+      } else if (w) {
+        bytes_slot[slot] += static_cast<uint64_t>(count) * ItemBytes(w);
+      } else {
+        for (uint64_t k = at; k < at + count; k++) {
+          uint32_t len;
+          std::memcpy(&len, f.sum.lens + 4 * k, 4);
+          bytes_slot[slot] += ItemBytes(len);
+        }
+      }
+      at += count;
+    }
+    if (at != f.sum.entries) return false;
+    uint64_t tombs = 0;
+    for (const auto& [pid, v] : segs) {
+      const PageMeta& pm = pages->at(pid);
+      const uint32_t slot = slot_of[pid];
+      for (size_t i = 0; i < v.size(); i++) {
+        if (pm.segs[i].fid != f.id || pm.segs[i].retired) continue;
+        if (per_slot[slot] != v[i].first || bytes_slot[slot] != v[i].second) return false;
+      }
+      tombs += tombs_slot[slot];
+    }
+    if (tombs != f.tombs) return false;
+  }
+  return true;
+}
 }
 
 Status Store::WriteCheckpoint() {
@@ -563,30 +683,35 @@ bool Store::LoadCheckpoint() {
       live != pages_.live_pages() || !take(&nf))
     return false;
   // Parse into scratch state first: a mismatch anywhere leaves the tables untouched.
-  struct F {
-    uint32_t id;
-    uint64_t items, bytes, tombs;
-    const char* blob;
-    size_t blob_len;
-  };
+  using F = CheckpointFeature;
   if (nf > static_cast<size_t>(end - p) / 28) return false;  // each feature takes >= 28 bytes
+  if (nf != features_.All().size()) return false;            // every feature, once
   std::vector<F> fs(nf);
+  std::vector<uint8_t> seen_feature;
   for (auto& f : fs) {
     if (!take(&f.id) || !take(&f.items) || !take(&f.bytes) || !take(&f.tombs) || !features_.Get(f.id)) return false;
+    if (f.id >= seen_feature.size()) seen_feature.resize(f.id + 1, 0);
+    if (seen_feature[f.id]++) return false;
     f.blob = p;
-    if (!KeyIndex::Skip(&p, end)) return false;  // decoded on first use (LoadIndex)
+    if (!KeyIndex::Skip(&p, end, &f.sum)) return false;  // decoded on first use (LoadIndex)
     f.blob_len = static_cast<size_t>(p - f.blob);
   }
   std::vector<std::pair<uint32_t, std::vector<std::pair<uint32_t, uint64_t>>>> segs;
+  std::vector<uint32_t> slot_of(pages_.slots(), UINT32_MAX);  // page -> its entry in segs
   for (uint64_t i = 0; i < live; i++) {
     uint32_t pid;
-    if (!take(&pid) || pid >= pages_.slots() || !pages_.at(pid).live) return false;
+    if (!take(&pid) || pid >= pages_.slots() || !pages_.at(pid).live || slot_of[pid] != UINT32_MAX) return false;
+    slot_of[pid] = static_cast<uint32_t>(segs.size());
     std::vector<std::pair<uint32_t, uint64_t>> v(pages_.at(pid).segs.size());
     for (auto& [valid, bytes] : v)
       if (!take(&valid) || !take(&bytes)) return false;
     segs.emplace_back(pid, std::move(v));
   }
   if (p != end) return false;
+  // The crc says the bytes are the ones written; these checks say the derived state agrees
+  // with the page table (RocksDB), so a bad checkpoint is rebuilt from the pages instead of
+  // steering reads: every count and location the index claims is cross-checked.
+  if (!CheckpointAgrees(fs, segs, slot_of, &features_, &pages_)) return false;
   for (auto& f : fs) {
     FeatureState* st = features_.Get(f.id);
     st->live_items = f.items;

@@ -93,6 +93,13 @@ std::vector<uint32_t> LogicalPageTable::Allocate(uint32_t n) {
   return out;
 }
 
+uint32_t LogicalPageTable::TrimFreeTail() {
+  // pop_back never reallocates: references to the slots that stay remain valid.
+  while (!pages_.empty() && !pages_.back().live && free_.erase(static_cast<uint32_t>(pages_.size() - 1)))
+    pages_.pop_back();
+  return slots();
+}
+
 size_t LogicalPageTable::MemoryBytes() const {
   size_t b = pages_.capacity() * sizeof(PageMeta) + free_.size() * 40;
   for (const auto& p : pages_) b += p.segs.capacity() * sizeof(SegMeta);

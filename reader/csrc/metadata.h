@@ -85,6 +85,9 @@ class LogicalPageTable {
   // Allocates n slots, preferring one contiguous run so a feature's pages read sequentially.
   std::vector<uint32_t> Allocate(uint32_t n);
   size_t free_slots() const { return free_.size(); }
+  // Drops the free slots at the end of the table (the file's tail past its last page in use,
+  // e.g. space allocated ahead and never written) and returns the slot count left.
+  uint32_t TrimFreeTail();
   size_t MemoryBytes() const;
 
  private:

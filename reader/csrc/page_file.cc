@@ -72,6 +72,17 @@ Status PageFile::Reserve(uint64_t slots) {
   return Status::OK();
 }
 
+Status PageFile::Truncate(uint64_t slots) {
+  uint64_t have = 0;
+  RF_RETURN_IF_ERROR(SlotCount(&have));
+  if (have <= slots) return Status::OK();
+  const uint64_t want = slots * page_size_;
+  if (const int e = RF_FAULT(kFallocate, path_)) return Status::FromErrno("ftruncate", path_, e);
+  if (::ftruncate(fd_, static_cast<off_t>(want)) != 0) return Status::FromErrno("ftruncate", path_, errno);
+  reserved_slots_ = slots;
+  return Status::OK();
+}
+
 Status PageFile::Punch(uint32_t first, uint32_t count) {
   RF_KILL_POINT("punch.before");
   if (const int e = RF_FAULT(kPunchHole, path_)) return Status::FromErrno("fallocate(PUNCH_HOLE)", path_, e);

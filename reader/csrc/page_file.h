@@ -31,6 +31,9 @@ class PageFile {
   // by io_uring workers spinning on that lock); a write into allocated space takes it shared.
   // Slots allocated ahead and not yet written are free slots, also after a crash.
   Status Reserve(uint64_t slots);
+  // Gives back the file's tail past `slots` pages (space allocated ahead and not used, or
+  // free slots at the end): what a user's disk pays is the file's allocated bytes.
+  Status Truncate(uint64_t slots);
   // Releases the space of pages [first, first + count) (the file analogue of TRIM).
   Status Punch(uint32_t first, uint32_t count);
   Status Sync();

@@ -180,6 +180,7 @@ Status Store::Close() {
   } else {
     std::lock_guard<std::mutex> wl(write_mu_);
     if (bg_error_.ok()) s = FlushLocked(true);
+    if (s.ok()) TrimFileLocked();
     Status s2 = wal_.Sync();
     if (s.ok()) s = s2;
     // After a write error the tables in DRAM may be ahead of the committed metadata: no

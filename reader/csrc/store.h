@@ -267,6 +267,9 @@ class Store {
   Status CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) RF_REQUIRES(write_mu_);
   // Pages no reader can still see become free slots (punched). Takes mu_ (VersionSet).
   void ReleasePendingLocked() RF_REQUIRES(write_mu_);
+  // Gives back the page file's free tail (space allocated ahead for writes that are done),
+  // at the end of an explicit flush and at close. Best effort, like hole punching.
+  void TrimFileLocked() RF_REQUIRES(write_mu_);
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);

@@ -165,7 +165,9 @@ Status Store::Flush(bool force) {
   RF_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard<std::mutex> wl(write_mu_);
   // Bulk-load mode never pins: unlogged items held back would not be durable after flush().
-  return FlushLocked(force || o_.bulk_load);
+  RF_RETURN_IF_ERROR(FlushLocked(force || o_.bulk_load));
+  TrimFileLocked();
+  return Status::OK();
 }
 
 Status Store::FlushLocked(bool force) {
@@ -530,6 +532,16 @@ Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint3
   if (!o_.accounting && !o_.read_only) RF_RETURN_IF_ERROR(meta_.Commit(&b));
   for (uint32_t p : freed) pages_.MarkDead(p);
   return Status::OK();
+}
+
+void Store::TrimFileLocked() {
+  if (o_.accounting || o_.read_only) return;
+  uint32_t slots;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    slots = pages_.TrimFreeTail();
+  }
+  if (!file_.Truncate(slots).ok()) punch_failures_++;
 }
 
 void Store::ReleasePendingLocked() {

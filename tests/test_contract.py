@@ -1,6 +1,6 @@
 """The contract between the engine and the Python package comes from one source: status codes
 (one list in reader/csrc/status.h), store options (the engine's list, the dataclass checked
-against it, unknown keys refused), value-type strings (one parser) and the store's file names."""
+against it, unknown keys refused; the SLS engine's options likewise), value-type strings (one parser) and the store's file names."""
 
 from __future__ import annotations
 
@@ -36,6 +36,24 @@ def test_store_options_match_the_engine_and_refuse_unknown_keys(tmp_path):
     with pytest.raises(InvalidArgumentError, match="store option 'queue_depth'"):
         _native.Store.open(str(tmp_path / "s"), {"queue_depth": "deep"})
     assert not (tmp_path / "s").exists()
+
+
+def test_sls_options_match_the_engine_and_refuse_unknown_keys(tmp_path):
+    import inspect
+
+    from recflash.ndp import EmbeddingStore, SlsEngine
+    from recflash.torchrec_ext.backend import SLS_OPTION_NAMES
+
+    params = set(inspect.signature(SlsEngine.__init__).parameters) - {"self", "tables"}
+    assert params | {"expected_tables"} == set(_native.SLS_OPTION_NAMES)
+    assert set(SLS_OPTION_NAMES) == params
+    with Store.open(str(tmp_path / "s"), StoreOptions(direct_io=False)) as s:
+        EmbeddingStore(s).create_table("t", 8, 4)
+        with pytest.raises(InvalidArgumentError, match="unknown SLS engine option 'row_cache_byte'"):
+            _native.SlsEngine(s.native_handle, {"row_cache_byte": 1 << 20})
+        with pytest.raises(InvalidArgumentError, match="SLS engine option 'pooled_min_bag'"):
+            _native.SlsEngine(s.native_handle, {"pooled_min_bag": "eight"})
+        _native.SlsEngine(s.native_handle, {"row_cache_bytes": 1 << 20})
 
 
 @pytest.mark.parametrize("given, canonical, dim", [

@@ -25,11 +25,12 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from recflash import _native
 from recflash.reader.errors import InvalidArgumentError, NotAStoreError, RecflashError
 
-# SlsEngine's cache options, accepted by the sharder as **sls_options.
-SLS_OPTION_NAMES = ("vector_grained", "row_cache_bytes", "hot_rows_bytes", "pooled_cache_bytes",
-                    "pooled_min_bag", "device_cache_bytes")
+# SlsEngine's cache options, accepted by the sharder as **sls_options: the engine's own list
+# (recflash._native.SLS_OPTION_NAMES) less what SlsEngine derives itself.
+SLS_OPTION_NAMES = tuple(n for n in _native.SLS_OPTION_NAMES if n != "expected_tables")
 # Options of the backend itself (not passed to the engine).
 BACKEND_OPTION_NAMES = ("writable", "token", "timeout")
 

@@ -17,7 +17,6 @@ namespace recflash::ndp {
 namespace py = pybind11;
 using bind::Check;
 using bind::GatherStatsDict;
-using bind::GetOpt;
 using bind::Raise;
 using bind::StoreOf;
 
@@ -85,21 +84,53 @@ py::tuple RunSls(Store* store, SlsEngine* engine, const py::list& requests) {
   return py::make_tuple(pr.outs, d);
 }
 
+// Every SLS engine option Python may set, once (the store's options follow the same rule):
+// exported as SLS_OPTION_NAMES, and a key not listed here is refused, never ignored.
+struct SlsOptionField {
+  const char* name;
+  void (*set)(SlsOptions& o, const py::handle& v);
+};
+#define RF_SLS_OPTION(key, field) \
+  { key, [](SlsOptions& o, const py::handle& v) { o.field = v.cast<decltype(o.field)>(); } }
+const SlsOptionField kSlsOptions[] = {
+    RF_SLS_OPTION("vector_grained", vector_grained),
+    RF_SLS_OPTION("row_cache_bytes", row_cache_bytes),
+    RF_SLS_OPTION("hot_rows_bytes", hot_rows_bytes),
+    RF_SLS_OPTION("pooled_cache_bytes", pooled_cache_bytes),
+    RF_SLS_OPTION("pooled_min_bag", pooled_min_bag),
+    RF_SLS_OPTION("device_cache_bytes", device_cache_bytes),
+    RF_SLS_OPTION("expected_tables", expected_tables),
+};
+#undef RF_SLS_OPTION
+
+SlsOptions SlsOptionsFromDict(const py::dict& d) {
+  SlsOptions o;
+  for (const auto& [key, value] : d) {
+    const std::string k = py::str(key);
+    const SlsOptionField* f = nullptr;
+    for (const SlsOptionField& x : kSlsOptions)
+      if (k == x.name) f = &x;
+    if (!f) {
+      std::string known;
+      for (const SlsOptionField& x : kSlsOptions) known += (known.empty() ? "" : ", ") + std::string(x.name);
+      Raise(Status::InvalidArgument("unknown SLS engine option '" + k + "' (known: " + known + ")"));
+    }
+    try {
+      f->set(o, value);
+    } catch (const py::cast_error&) {
+      Raise(Status::InvalidArgument("SLS engine option '" + k + "' has the wrong type (" +
+                                    std::string(py::str(py::type::of(value))) + ")"));
+    }
+  }
+  return o;
+}
+
 // An SLS engine with caches, bound to an open store (kept alive by the Python object).
 class PySlsEngine {
  public:
   PySlsEngine(py::object store, const py::dict& opts) : store_obj_(store) {
     store_ = StoreOf(store);
-    SlsOptions o;
-    auto get = [&](const char* k, auto& field) { GetOpt(opts, k, field); };
-    get("vector_grained", o.vector_grained);
-    get("row_cache_bytes", o.row_cache_bytes);
-    get("hot_rows_bytes", o.hot_rows_bytes);
-    get("pooled_cache_bytes", o.pooled_cache_bytes);
-    get("pooled_min_bag", o.pooled_min_bag);
-    get("device_cache_bytes", o.device_cache_bytes);
-    get("expected_tables", o.expected_tables);
-    engine_ = std::make_unique<SlsEngine>(store_, o);
+    engine_ = std::make_unique<SlsEngine>(store_, SlsOptionsFromDict(opts));
   }
   py::tuple Run(const py::list& requests) { return RunSls(store_, engine_.get(), requests); }
   void Profile(const py::list& requests) {
@@ -136,6 +167,9 @@ void InitNdp(py::module_& m) {
       .def("profile", &PySlsEngine::Profile)
       .def("invalidate", &PySlsEngine::Invalidate)
       .def("cache_stats", &PySlsEngine::CacheStats);
+  py::list names;
+  for (const SlsOptionField& x : kSlsOptions) names.append(x.name);
+  m.attr("SLS_OPTION_NAMES") = names;
 }
 
 }  // namespace recflash::ndp

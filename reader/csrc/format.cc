@@ -330,6 +330,11 @@ SegmentView PageView::Segment(uint32_t i) const {
   v.max_key = d.max_key;
   v.length = d.length + sizeof(SegDesc);
   const uint8_t* body = buf_ + d.offset;
+  v.end = body + d.length;
+  if (d.length < kSegBodyHeader) {
+    v.damaged = true;
+    return v;
+  }
   v.run_keys = (body[0] & 7) == 0;
   v.bitmap_keys = (body[0] & 2) != 0;
   v.raw_keys = (body[0] & 4) != 0;
@@ -337,15 +342,29 @@ SegmentView PageView::Segment(uint32_t i) const {
   std::memcpy(&v.keys_bytes, body + 4, 4);
   const uint8_t* p = body + kSegBodyHeader;
   v.keys = p;
+  auto room = [&](const uint8_t* at, uint64_t n) { return at <= v.end && static_cast<uint64_t>(v.end - at) >= n; };
+  if (!v.run_keys && (!room(p, v.keys_bytes) || (v.raw_keys && v.keys_bytes < 8ull * d.count))) {
+    v.damaged = true;
+    return v;
+  }
   p += v.run_keys ? 0 : v.keys_bytes;
   if (body[1]) {
     v.tomb = p;
+    if (!room(p, (d.count + 7ull) / 8)) {
+      v.damaged = true;
+      return v;
+    }
     p += (d.count + 7) / 8;
   }
   uint16_t pad;
   std::memcpy(&pad, body + 2, 2);
   v.values = p + pad;
   if (pack) {
+    v.packed = true;
+    if ((pack != 1 && pack != 2 && pack != 4) || !room(v.values, 8 + static_cast<uint64_t>(d.count) * pack)) {
+      v.damaged = true;
+      return v;
+    }
     // Widen a packed int64 segment once, so every reader sees plain 8-byte values.
     const uint8_t* q = v.values;
     int64_t base;
@@ -372,6 +391,24 @@ SegmentView PageView::Segment(uint32_t i) const {
     v.values = reinterpret_cast<const uint8_t*>(out);
   }
   return v;
+}
+
+bool SegmentView::Fits() const {
+  if (damaged) return false;
+  if (packed) return width == 8;  // widened int64s
+  if (values > end) return false;
+  const uint64_t room = static_cast<uint64_t>(end - values);
+  if (width) return static_cast<uint64_t>(count) * width <= room;
+  const uint64_t table = 4ull * (count + 1ull);  // value offsets, then the bytes
+  if (table > room) return false;
+  uint32_t prev = 0;
+  for (uint32_t i = 0; i <= count; i++) {
+    uint32_t o;
+    std::memcpy(&o, values + 4ull * i, 4);
+    if (o < prev) return false;
+    prev = o;
+  }
+  return prev <= room - table;
 }
 
 bool PageView::Find(uint32_t feature_id, SegmentView* out) const {

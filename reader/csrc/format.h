@@ -174,6 +174,14 @@ struct SegmentView {
   std::shared_ptr<std::vector<int64_t>> unpacked;
   uint32_t width = 0;  // filled by the caller from the feature definition (0 = variable)
   uint32_t length = 0;  // on-disk bytes of the segment, directory entry included
+  const uint8_t* end = nullptr;  // one past the segment's body in the page
+  bool packed = false;           // int64 values packed to 1/2/4 bytes (widened into `unpacked`)
+  bool damaged = false;          // key, tombstone or packed value bytes reach past the body
+
+  // Whether the body holds `count` records of `width` (set first) within its bounds: the
+  // metadata's value type and the page agree. Readers check before decoding, so a type that
+  // metadata damage changed is a Corruption error, never a read outside the page.
+  bool Fits() const;
   double bytes_per_record() const { return count ? static_cast<double>(length) / count : 0.0; }
 
   bool is_tomb(uint32_t i) const { return tomb && (tomb[i >> 3] >> (i & 7) & 1); }

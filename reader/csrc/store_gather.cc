@@ -325,6 +325,7 @@ Status Store::Gather::ReadWholePages() {
           return Status::Corruption("page " + std::to_string(pid) + " of '" + s_->pages_path_ + "' lacks the segment of '" +
                                     q.feature + "' that the key index names");
         sv.width = def.fixed_width();
+        RF_RETURN_IF_ERROR(store_internal::CheckSegmentFits(sv, pid, s_->pages_path_, def));
         keys.resize(sv.count);
         sv.DecodeKeys(keys.data());
         decoded_fid = def.id;

@@ -31,6 +31,16 @@ void Append(std::string* s, const T& v) {
 
 Status SyncDir(const std::string& dir);
 
+// A segment whose bytes do not fit its feature's value type: the metadata (type) and the page
+// disagree, so its values cannot be decoded (SegmentView::Fits).
+inline Status CheckSegmentFits(const SegmentView& sv, uint32_t pid, const std::string& pages_path,
+                               const FeatureDef& def) {
+  if (sv.Fits()) return Status::OK();
+  return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path + "': the segment of feature '" +
+                            def.name + "' does not fit its value type " + def.TypeString() +
+                            " (the metadata and the page disagree)");
+}
+
 }  // namespace store_internal
 
 // ---------------------------------------------------------------------------------------

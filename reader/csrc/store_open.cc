@@ -434,6 +434,7 @@ Status Store::RebuildFromPages() {
                                   " its metadata lists");
       const FeatureDef& def = features_.Get(sm.fid)->def;
       sv.width = def.fixed_width();
+      RF_RETURN_IF_ERROR(CheckSegmentFits(sv, pid, pages_path_, def));
       keys.resize(sv.count);
       sv.DecodeKeys(keys.data());
       auto& out = recs[sm.fid];

@@ -189,6 +189,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
         return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
                                   "' lacks the segment of feature '" + f.def.name + "' that the metadata lists");
       sv.width = f.def.fixed_width();
+      RF_RETURN_IF_ERROR(CheckSegmentFits(sv, pid, pages_path_, f.def));
       if (!f.direct) {
         DecodeChunk(sv, pv.seq(), lo, hi, to_end, ref.valid == ref.count, &f.chunks[j]);
         continue;
@@ -312,6 +313,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
       return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
                                 "' lacks the segment of feature '" + def.name + "' that the key index names");
     sv.width = w;
+    RF_RETURN_IF_ERROR(CheckSegmentFits(sv, pid, pages_path_, def));
     tmp.resize(sv.count);
     sv.DecodeKeys(tmp.data());
     for (uint32_t u : want[pid]) {

@@ -114,6 +114,7 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
       if (!sm || sm->retired) continue;
       FeatureState* f = features_.Get(sv.feature_id);
       sv.width = f->def.fixed_width();
+      RF_RETURN_IF_ERROR(CheckSegmentFits(sv, pid, pages_path_, f->def));
       keys.resize(sv.count);
       sv.DecodeKeys(keys.data());
       size_t hint = 0;

@@ -338,6 +338,7 @@ Status Store::MaterializeIndexLocked(FeatureState* f) {
       return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
                                 "' lacks the segment of feature '" + def.name + "' that the page table names");
     sv.width = def.fixed_width();
+    RF_RETURN_IF_ERROR(CheckSegmentFits(sv, pid, pages_path_, def));
     keys.resize(sv.count);
     sv.DecodeKeys(keys.data());
     for (uint32_t i = 0; i < sv.count; i++) {

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 
 
-def _one(target: str, seconds: float, corpus: str, artifacts: str) -> None:
+def _one(target: str, seconds: float, corpus: str, artifacts: str, seed: int = 0) -> None:
     import atheris
 
     sys.path.insert(0, HERE)
@@ -43,12 +43,13 @@ def _one(target: str, seconds: float, corpus: str, artifacts: str) -> None:
     if target.startswith("store_") or target == "meta_values":
         targets._template("clean")
     atheris.Setup([sys.argv[0], corpus, f"-max_total_time={int(max(1, seconds))}", "-print_final_stats=1",
-                   f"-artifact_prefix={artifacts}/crash-{target}-", "-rss_limit_mb=4096", "-timeout=60"],
+                   f"-artifact_prefix={artifacts}/crash-{target}-", "-rss_limit_mb=4096", "-timeout=60",
+                   f"-seed={int(seed)}"],
                   fn)
     atheris.Fuzz()
 
 
-def run(targets: list[str], seconds: float, out_dir: str) -> list[dict]:
+def run(targets: list[str], seconds: float, out_dir: str, seed: int = 0) -> list[dict]:
     rows = []
     for t in targets:
         work = tempfile.mkdtemp(prefix=f"fuzz-{t}-", dir=out_dir)
@@ -60,7 +61,7 @@ def run(targets: list[str], seconds: float, out_dir: str) -> list[dict]:
             os.makedirs(corpus)
         t0 = time.time()
         r = subprocess.run([sys.executable, "-P", os.path.abspath(__file__), "--one", t, "--seconds", str(seconds),
-                            "--corpus", corpus, "--artifacts", work], capture_output=True, text=True,
+                            "--corpus", corpus, "--artifacts", work, "--seed", str(seed)], capture_output=True, text=True,
                            timeout=seconds + 600)
         execs = re.findall(r"stat::number_of_executed_units:\s*(\d+)", r.stderr)
         # crash-, timeout- and oom- artifacts are findings; slow-unit- ones only mark an input
@@ -93,13 +94,16 @@ def main() -> int:
     ap.add_argument("--targets", default=None, help="comma-separated (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default=None, help="where findings are kept (default: a temp dir)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="libFuzzer's seed: 0 draws one (long runs explore); a fixed seed repeats the same "
+                         "mutation sequence, so the test suite's short run is reproducible")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--artifacts", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        _one(args.one, args.seconds, args.corpus, args.artifacts)
+        _one(args.one, args.seconds, args.corpus, args.artifacts, args.seed)
         return 0
     sys.path.insert(0, HERE)
     import targets as tmod
@@ -114,12 +118,12 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
     load0 = os.getloadavg()
-    rows = run(names, args.seconds_per_target, out_dir)
+    rows = run(names, args.seconds_per_target, out_dir, args.seed)
     res = {"targets": rows, "total_executions": sum(r["executions"] for r in rows),
            "crashes": sum(r["crashes"] for r in rows), "sanitizer_reports": sum(r["sanitizer_reports"] for r in rows),
            "failed_targets": [r["target"] for r in rows if r["returncode"] != 0],
            "sanitizer_runtime": os.environ.get("LD_PRELOAD", ""), "asan_options": os.environ.get("ASAN_OPTIONS", ""),
-           "seconds": round(time.time() - t0, 1), "load_average_start": [round(x, 2) for x in load0],
+           "seed": args.seed, "seconds": round(time.time() - t0, 1), "load_average_start": [round(x, 2) for x in load0],
            "load_average_end": [round(x, 2) for x in os.getloadavg()], "findings_dir": out_dir}
     print(json.dumps({k: res[k] for k in ("total_executions", "crashes", "sanitizer_reports", "failed_targets")}))
     if args.json:

@@ -136,12 +136,12 @@ def test_random_64bit_keys_roundtrip_and_store_format(store_path):
             assert np.array_equal(tab.column("value").to_numpy(), vals)
     marker = os.path.join(store_path, "RECFLASH")
     text = open(marker).read()
-    assert "format 3" in text
+    assert "format 4" in text
     with open(marker, "w") as f:
-        f.write(text.replace("format 3", "format 2"))
+        f.write(text.replace("format 4", "format 2"))
     with Store.open(store_path) as st:
         assert np.array_equal(st.scan("ids").column("key").to_numpy(), keys)
     with open(marker, "w") as f:
-        f.write(text.replace("format 3", "format 9"))
+        f.write(text.replace("format 4", "format 9"))
     with pytest.raises(NotAStoreError, match="format 9"):
         Store.open(store_path)

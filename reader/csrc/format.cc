@@ -40,14 +40,35 @@ uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
   return page_size - sizeof(PageHeader) - sizeof(SegDesc) - kSegBodyHeader - 8;
 }
 
+void DistinctSet::Insert(int64_t v) {
+  if ((order_.size() + 1) * 2 > slots_.size()) {  // grow at half load
+    const size_t cap = std::max<size_t>(64, slots_.size() * 2);
+    slots_.assign(cap, 0);
+    index_.assign(cap, kEmpty);
+    mask_ = cap - 1;
+    shift_ = 64 - __builtin_ctzll(cap);
+    for (uint32_t k = 0; k < order_.size(); k++) {
+      size_t j = Slot(order_[k]);
+      while (index_[j] != kEmpty) j = (j + 1) & mask_;
+      slots_[j] = order_[k];
+      index_[j] = k;
+    }
+  }
+  size_t i = Slot(v);
+  while (index_[i] != kEmpty) i = (i + 1) & mask_;
+  slots_[i] = v;
+  index_[i] = static_cast<uint32_t>(order_.size());
+  order_.push_back(v);
+}
+
 uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
-                               uint64_t value_bytes, uint32_t pack) {
+                               uint64_t value_bytes, uint64_t packed_bytes) {
   uint64_t b = sizeof(SegDesc) + kSegBodyHeader;
   if (!run) b += key_bytes;
   if (any_tomb) b += (n + 7) / 8;
   b += ValueAlign(width) - 1;  // worst-case pad; the real one depends on where the segment lands
-  if (pack && pack < 8)
-    b += 8 + static_cast<uint64_t>(n) * pack;
+  if (packed_bytes)
+    b += packed_bytes;
   else
     b += width ? static_cast<uint64_t>(n) * width : 4ull * (n + 1) + value_bytes;
   return static_cast<uint32_t>(std::min<uint64_t>(b, 0xffffffffu));
@@ -56,7 +77,7 @@ uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool an
 uint32_t PageBuilder::Seg::BodyBytes() const {
   const uint32_t n = static_cast<uint32_t>(keys.size());
   return SegBytes(n, run, KeyBytes(n, varint_bytes, keys.empty() ? 0 : keys.back() - keys.front() + 1, bitmap_ok), any_tomb,
-                  width, values.size(), packable ? PackBytes(vmin, vmax) : 0);
+                  width, values.size(), packable ? PackedValueBytes(n, vmin, vmax, dict_entries()) : 0);
 }
 
 uint32_t PageBuilder::used_bytes() const {
@@ -69,6 +90,7 @@ PageBuilder::Seg& PageBuilder::OpenSegment(const FeatureDef& f, bool packable) {
   s.fid = f.id;
   s.width = f.fixed_width();
   s.packable = packable;
+  s.dict_ok = packable;
   s.bitmap_ok = compact_;
   return s;
 }
@@ -82,24 +104,32 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   if (packable && !tomb) std::memcpy(&v, value, 8);
   uint32_t before = closed_bytes_;
   uint32_t after;
+  bool new_value = false;  // v joins the open segment's distinct values
   if (new_seg) {
     if (!segs_.empty()) before += segs_.back().BodyBytes();
-    after = before + SegBytes(1, true, 1, tomb, width, width ? 0 : vlen, packable ? 1 : 0);
+    after = before + SegBytes(1, true, 1, tomb, width, width ? 0 : vlen, packable ? PackedValueBytes(1, v, v, 1) : 0);
   } else {
     const Seg& s = segs_.back();
     const uint32_t n = static_cast<uint32_t>(s.keys.size());
     const bool run = s.run && key == s.keys.front() + n;
     const uint32_t vb =
         KeyBytes(n + 1, s.varint_bytes + VarintSize(key - s.keys.back()), key - s.keys.front() + 1, compact_);
-    const uint32_t pack = packable ? PackBytes(std::min(s.vmin, v), std::max(s.vmax, v)) : 0;
+    uint64_t packed = 0;
+    if (packable) {
+      new_value = s.dict_ok && !s.distinct.Contains(v);
+      uint32_t entries = s.dict_entries() + (new_value ? 1 : 0);
+      if (entries > kMaxDictEntries) entries = 0;
+      packed = PackedValueBytes(n + 1, std::min(s.vmin, v), std::max(s.vmax, v), entries);
+    }
     after = closed_bytes_ + SegBytes(n + 1, run, vb, s.any_tomb || tomb, width, s.values.size() + (width ? 0 : vlen),
-                                     pack);
+                                     packed);
   }
   if (after > page_size_) return false;
 
   if (new_seg) {
     Seg& s = OpenSegment(f, packable);
     s.vmin = s.vmax = v;
+    if (packable) s.AddDistinct(v);
     s.varint_bytes = 1;  // first delta (0) is one byte
     if (!width) s.offsets.push_back(0);
   } else {
@@ -108,6 +138,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
     s.varint_bytes += VarintSize(key - s.keys.back());
     s.vmin = std::min(s.vmin, v);
     s.vmax = std::max(s.vmax, v);
+    if (new_value) s.AddDistinct(v);
   }
   Seg& s = segs_.back();
   s.keys.push_back(key);
@@ -138,9 +169,15 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
   uint64_t first = keys[0], prev = keys[0];
   int64_t vmin = 0, vmax = 0;
   if (packable) std::memcpy(&vmin, values, 8), vmax = vmin;
+  // Distinct values: a new segment's are collected here and move into it at the end; an open
+  // segment's set takes the accepted items directly (all of them are committed below).
+  Seg fresh_state;  // entry count and dict_ok of a new segment while its items are sized
+  fresh_state.dict_ok = packable;
+  Seg* ds = &fresh_state;
   if (new_seg) {
     if (!segs_.empty()) base += segs_.back().BodyBytes();
   } else {
+    ds = &segs_.back();
     const Seg& s = segs_.back();
     have = static_cast<uint32_t>(s.keys.size());
     run = s.run;
@@ -164,15 +201,19 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     const uint64_t kb = r ? 0 : KeyBytes(cnt, vb, key - first + 1, compact_);  // as SegBytes
     uint64_t value_bytes = static_cast<uint64_t>(cnt) * width;
     int64_t lo = vmin, hi = vmax;
+    int64_t v = 0;
+    bool new_value = false;
     if (packable) {
-      int64_t v;
       std::memcpy(&v, values + 8 * k, 8);
       lo = std::min(lo, v);
       hi = std::max(hi, v);
-      const uint32_t pack = PackBytes(lo, hi);
-      if (pack < 8) value_bytes = 8 + static_cast<uint64_t>(cnt) * pack;
+      new_value = ds->dict_ok && !ds->distinct.Contains(v);
+      uint32_t entries = ds->dict_entries() + (new_value ? 1 : 0);
+      if (entries > kMaxDictEntries) entries = 0;
+      value_bytes = PackedValueBytes(cnt, lo, hi, entries);
     }
     if (static_cast<uint64_t>(fixed) + kb + value_bytes > page_size_) break;
+    if (new_value) ds->AddDistinct(v);
     run = r;
     varint = vb;
     prev = key;
@@ -181,7 +222,12 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     k++;
   }
   if (k == 0) return 0;
-  if (new_seg) OpenSegment(f, packable);
+  if (new_seg) {
+    Seg& s = OpenSegment(f, packable);
+    s.distinct = std::move(fresh_state.distinct);
+    s.dict_ok = fresh_state.dict_ok;
+    s.entries = fresh_state.entries;
+  }
   Seg& s = segs_.back();
   s.run = run;
   s.varint_bytes = varint;
@@ -251,7 +297,39 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
       p += pad;
     }
     const uint32_t pack = s.packable ? PackBytes(s.vmin, s.vmax) : 8;
-    if (pack < 8) {
+    // The same choice as the sizing (PackedValueBytes): the dictionary when strictly smaller.
+    const uint64_t by_range = pack < 8 ? 8 + static_cast<uint64_t>(n) * pack : 8ull * n;
+    const uint32_t entries = s.packable ? s.dict_entries() : 0;
+    if (entries && DictValueBytes(n, entries, pack) < by_range) {
+      body[0] |= static_cast<uint8_t>(kPackDict << 4);
+      const std::vector<int64_t>& dict = s.distinct.values();
+      const uint32_t bits = DictBits(entries);
+      std::memcpy(p, &s.vmin, 8);
+      std::memcpy(p + 8, &entries, 4);
+      p[12] = static_cast<uint8_t>(pack);
+      p[13] = static_cast<uint8_t>(bits);
+      p += kDictHeader;
+      const uint64_t base = static_cast<uint64_t>(s.vmin);
+      for (int64_t x : dict) {
+        const uint64_t delta = static_cast<uint64_t>(x) - base;
+        std::memcpy(p, &delta, pack);
+        p += pack;
+      }
+      uint64_t acc = 0;
+      uint32_t nacc = 0;
+      for (uint32_t j = 0; j < n; j++) {
+        int64_t x;
+        std::memcpy(&x, s.values.data() + 8ull * j, 8);
+        acc |= static_cast<uint64_t>(s.distinct.IndexOf(x)) << nacc;
+        nacc += bits;
+        while (nacc >= 8) {
+          *p++ = static_cast<uint8_t>(acc);
+          acc >>= 8;
+          nacc -= 8;
+        }
+      }
+      if (nacc) *p++ = static_cast<uint8_t>(acc);
+    } else if (pack < 8) {
       body[0] |= static_cast<uint8_t>(pack << 4);
       std::memcpy(p, &s.vmin, 8);
       p += 8;
@@ -359,6 +437,50 @@ SegmentView PageView::Segment(uint32_t i) const {
   uint16_t pad;
   std::memcpy(&pad, body + 2, 2);
   v.values = p + pad;
+  if (pack == kPackDict) {
+    v.packed = true;
+    uint32_t entries = 0;
+    const uint8_t* q = v.values;
+    if (room(q, kDictHeader)) std::memcpy(&entries, q + 8, 4);
+    const uint32_t eb = room(q, kDictHeader) ? q[12] : 0, bits = room(q, kDictHeader) ? q[13] : 0;
+    if ((eb != 1 && eb != 2 && eb != 4 && eb != 8) || entries == 0 || entries > kMaxDictEntries ||
+        bits != DictBits(entries) || !room(q, DictValueBytes(d.count, entries, eb))) {
+      v.damaged = true;
+      return v;
+    }
+    int64_t base;
+    std::memcpy(&base, q, 8);
+    q += kDictHeader;
+    std::vector<int64_t> dict(entries);
+    for (uint32_t e = 0; e < entries; e++) {
+      uint64_t delta = 0;
+      std::memcpy(&delta, q, eb);  // little-endian: the low `eb` bytes
+      q += eb;
+      dict[e] = static_cast<int64_t>(static_cast<uint64_t>(base) + delta);
+    }
+    v.unpacked = std::make_shared<std::vector<int64_t>>(d.count);
+    int64_t* out = v.unpacked->data();
+    const uint64_t mask = (1ull << bits) - 1;
+    uint64_t acc = 0;
+    uint32_t nacc = 0;
+    for (uint32_t j = 0; j < d.count; j++) {
+      while (nacc < bits) {
+        acc |= static_cast<uint64_t>(*q++) << nacc;
+        nacc += 8;
+      }
+      const uint64_t idx = acc & mask;
+      acc >>= bits;
+      nacc -= bits;
+      if (idx >= entries) {
+        v.damaged = true;
+        v.unpacked.reset();
+        return v;
+      }
+      out[j] = dict[idx];
+    }
+    v.values = reinterpret_cast<const uint8_t*>(out);
+    return v;
+  }
   if (pack) {
     v.packed = true;
     if ((pack != 1 && pack != 2 && pack != 4) || !room(v.values, 8 + static_cast<uint64_t>(d.count) * pack)) {
@@ -436,12 +558,13 @@ void SegmentView::DecodeKeys(uint64_t* out) const {
     uint32_t i = 0;
     for (uint32_t byte = 0; byte < keys_bytes && i < count; byte++) {
       uint8_t b = keys[byte];
-      while (b) {
+      while (b && i < count) {
         const int bit = __builtin_ctz(b);
         out[i++] = min_key + (static_cast<uint64_t>(byte) << 3) + bit;
         b &= static_cast<uint8_t>(b - 1);
       }
     }
+    for (; i < count; i++) out[i] = i ? out[i - 1] : min_key;  // fewer bits than records: damage
     return;
   }
   const uint8_t* p = keys;
@@ -466,14 +589,15 @@ void SegmentView::DecodeKeys(uint64_t* out) const {
     prev += v;
     out[i] = prev;
   }
+  // The tail, byte by byte, never past the key bytes (a stream cut short repeats the last key).
   for (; i < count; i++) {
     uint64_t v = 0;
     int shift = 0;
-    while (*p & 128) {
+    while (p < end && (*p & 128) && shift < 64) {
       v |= static_cast<uint64_t>(*p++ & 127) << shift;
       shift += 7;
     }
-    v |= static_cast<uint64_t>(*p++) << shift;
+    if (p < end && shift < 64) v |= static_cast<uint64_t>(*p++) << shift;
     prev += v;
     out[i] = prev;
   }

@@ -31,6 +31,7 @@
 // `seq` orders pages: for a key stored in several pages (an old version not yet reclaimed),
 // the page with the highest seq holds the current version. Recovery relies on this.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -43,8 +44,8 @@
 namespace recflash {
 
 constexpr uint32_t kPageMagic = 0x47504652;  // "RFPG"
-constexpr uint16_t kPageFormatVersion = 3;     // written
-constexpr uint16_t kMinPageFormatVersion = 2;  // still read (2 lacks raw keys)
+constexpr uint16_t kPageFormatVersion = 4;     // written (4: dictionary-packed int64 segments)
+constexpr uint16_t kMinPageFormatVersion = 2;  // still read (2 lacks raw keys, 3 dictionaries)
 // Mean varint delta size (bytes) from which a segment stores its keys raw.
 constexpr uint32_t kRawKeyMinDeltaBytes = 6;
 
@@ -95,8 +96,70 @@ struct SegmentSummary {
   uint32_t length = 0;       // on-disk bytes of the segment (directory entry + body)
 };
 
-// Accumulates items for one page. Items of a feature must be added in ascending key order
-// and contiguously (one segment per feature per page).
+// Bytes per frame-of-reference packed value for a value range (8: no packing pays).
+inline uint32_t PackBytes(int64_t vmin, int64_t vmax) {
+  const uint64_t range = static_cast<uint64_t>(vmax) - static_cast<uint64_t>(vmin);
+  return range <= 0xffu ? 1 : range <= 0xffffu ? 2 : range <= 0xffffffffu ? 4 : 8;
+}
+
+// Dictionary packing of an int64 segment (compact pages; value-region layout):
+//   i64 base | u32 entries | u8 entry bytes | u8 index bits | u16 0 |
+//   entries in order of first appearance, each (value - base) in `entry bytes` | one index
+//   per record, LSB-first bit-packed, `index bits` each (0 when there is one entry).
+// Categorical ids hashed over 32 bits cost 4 bytes per record packed by range; a page of a
+// feature with a few hundred distinct ids holds them in 1-2 bytes each (Parquet's dictionary
+// pages, kept per segment so a page stays self-contained).
+constexpr uint32_t kDictHeader = 16;
+constexpr uint32_t kPackDict = 8;        // the segment's pack nibble for a dictionary
+constexpr uint32_t kMaxDictEntries = 4096;  // 12-bit indexes; beyond, the range packing is as good
+inline uint32_t DictBits(uint32_t entries) { return entries <= 1 ? 0 : 32 - __builtin_clz(entries - 1); }
+inline uint64_t DictValueBytes(uint64_t n, uint32_t entries, uint32_t entry_bytes) {
+  return kDictHeader + static_cast<uint64_t>(entries) * entry_bytes + (n * DictBits(entries) + 7) / 8;
+}
+// Value bytes of a packable int64 segment of n records: packed by range, or by dictionary when
+// `entries` (its distinct values; 0 = not tracked) makes that smaller.
+inline uint64_t PackedValueBytes(uint64_t n, int64_t vmin, int64_t vmax, uint32_t entries) {
+  const uint32_t pack = PackBytes(vmin, vmax);
+  uint64_t b = pack < 8 ? 8 + n * pack : 8 * n;
+  if (entries) b = std::min(b, DictValueBytes(n, entries, pack));
+  return b;
+}
+
+// Distinct values of an int64 segment a PageBuilder is filling (open addressing, grows to
+// 2 x kMaxDictEntries slots), numbered in order of first appearance: whether a dictionary pays
+// is known at every Add, and Finish looks each record's index up instead of sorting.
+class DistinctSet {
+ public:
+  bool Contains(int64_t v) const { return Find(v) != nullptr; }
+  // Index of v (it must be in the set).
+  uint32_t IndexOf(int64_t v) const { return *Find(v); }
+  void Insert(int64_t v);  // v is not in the set; it gets index size()
+  uint32_t size() const { return static_cast<uint32_t>(order_.size()); }
+  const std::vector<int64_t>& values() const { return order_; }  // by index
+  void Release() {
+    std::vector<int64_t>().swap(slots_);
+    std::vector<uint32_t>().swap(index_);
+    std::vector<int64_t>().swap(order_);
+    mask_ = 0;
+  }
+
+ private:
+  static constexpr uint32_t kEmpty = UINT32_MAX;
+  size_t Slot(int64_t v) const { return (static_cast<uint64_t>(v) * 0x9E3779B97F4A7C15ull) >> shift_; }
+  const uint32_t* Find(int64_t v) const {
+    if (order_.empty()) return nullptr;
+    for (size_t i = Slot(v);; i = (i + 1) & mask_) {
+      if (index_[i] == kEmpty) return nullptr;
+      if (slots_[i] == v) return &index_[i];
+    }
+  }
+  std::vector<int64_t> slots_;
+  std::vector<uint32_t> index_;  // kEmpty: a free slot
+  std::vector<int64_t> order_;
+  size_t mask_ = 0;
+  int shift_ = 64;
+};
+
 class PageBuilder {
  public:
   // compact: int64 segments frame-of-reference packed when their range allows, and key
@@ -132,6 +195,21 @@ class PageBuilder {
     uint32_t width = 0;  // 0 = variable
     bool packable = false;  // int64: values may be stored frame-of-reference packed
     int64_t vmin = 0, vmax = 0;  // value range of the slots (packable only)
+    DistinctSet distinct;        // packable: its distinct values while a dictionary may pay
+    bool dict_ok = false;        // packable and at most kMaxDictEntries distinct values so far
+    uint32_t entries = 0;        // distinct values (kept when the set is released at close)
+    uint32_t dict_entries() const { return dict_ok ? entries : 0; }
+    // Takes v into the distinct values (the caller checked that it is new): past
+    // kMaxDictEntries no dictionary can pay, and tracking stops.
+    void AddDistinct(int64_t v) {
+      if (entries + 1 > kMaxDictEntries) {
+        dict_ok = false;
+        distinct.Release();
+        return;
+      }
+      distinct.Insert(v);
+      entries++;
+    }
     std::vector<uint64_t> keys;
     std::vector<uint8_t> tomb;
     std::vector<uint8_t> values;
@@ -146,9 +224,9 @@ class PageBuilder {
   };
   // Closes the open segment (its bytes join closed_bytes_) and starts an empty one for f.
   Seg& OpenSegment(const FeatureDef& f, bool packable);
-  // pack: bytes per packed value (0 = plain).
+  // packed_bytes: the value bytes of a packable int64 segment (PackedValueBytes; 0 = plain).
   static uint32_t SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
-                           uint64_t value_bytes, uint32_t pack = 0);
+                           uint64_t value_bytes, uint64_t packed_bytes = 0);
   uint32_t page_size_;
   bool compact_ = false;
   std::vector<Seg> segs_;
@@ -221,12 +299,6 @@ inline uint32_t KeyBytes(uint32_t n, uint32_t varint_bytes, uint64_t span, bool 
     default:
       return varint_bytes;
   }
-}
-
-// Bytes per frame-of-reference packed value for a value range (8: no packing pays).
-inline uint32_t PackBytes(int64_t vmin, int64_t vmax) {
-  const uint64_t range = static_cast<uint64_t>(vmax) - static_cast<uint64_t>(vmin);
-  return range <= 0xffu ? 1 : range <= 0xffffu ? 2 : range <= 0xffffffffu ? 4 : 8;
 }
 
 class PageView {

@@ -17,7 +17,7 @@ namespace recflash {
 namespace store_internal {
 
 constexpr const char* kMarkerMagic = "recflash store";
-constexpr int kFormatVersion = 3;     // 2: aligned fixed-width values; 3: raw u64 keys
+constexpr int kFormatVersion = 4;     // 2: aligned fixed-width values; 3: raw u64 keys; 4: dictionaries
 constexpr int kMinFormatVersion = 2;  // format 2 stores open (their pages stay readable)
 
 inline double Now() {

@@ -58,6 +58,14 @@ def main() -> None:
         if pid == 3:
             put("page_raw", "page-3", page)
     put("page_raw", "short", pages[3 * 4096:3 * 4096 + 100])
+    # a dictionary-packed int64 page (few distinct ids over a 32-bit range)
+    d = os.path.join(work, "dict")
+    s = Store.open(d, StoreOptions(page_size=4096, compact_pages=True))
+    s.create_feature("c", "int64")
+    kd = np.arange(3000, dtype=np.uint64)
+    s.put("c", kd, (np.array([7, 2**32 - 1, 123456789])[kd % 3]).astype(np.int64))
+    s.close()
+    put("page_fixed", "page-dict", open(os.path.join(d, "pages.dat"), "rb").read()[:4096])
     put("wal_file", "wal", wal_bytes)
     # store_wal / wal_file (framed) input format: [type, u16 length, payload]...
     with open(os.path.join(work, "w.log"), "wb") as f:

@@ -40,25 +40,24 @@ uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
   return page_size - sizeof(PageHeader) - sizeof(SegDesc) - kSegBodyHeader - 8;
 }
 
-void DistinctSet::Insert(int64_t v) {
+uint32_t DistinctSet::Insert(int64_t v) {
   if ((order_.size() + 1) * 2 > slots_.size()) {  // grow at half load
     const size_t cap = std::max<size_t>(64, slots_.size() * 2);
-    slots_.assign(cap, 0);
-    index_.assign(cap, kEmpty);
+    slots_.assign(cap, Entry{0, kAbsent});
     mask_ = cap - 1;
     shift_ = 64 - __builtin_ctzll(cap);
     for (uint32_t k = 0; k < order_.size(); k++) {
       size_t j = Slot(order_[k]);
-      while (index_[j] != kEmpty) j = (j + 1) & mask_;
-      slots_[j] = order_[k];
-      index_[j] = k;
+      while (slots_[j].index != kAbsent) j = (j + 1) & mask_;
+      slots_[j] = Entry{order_[k], k};
     }
   }
   size_t i = Slot(v);
-  while (index_[i] != kEmpty) i = (i + 1) & mask_;
-  slots_[i] = v;
-  index_[i] = static_cast<uint32_t>(order_.size());
+  while (slots_[i].index != kAbsent) i = (i + 1) & mask_;
+  const uint32_t index = static_cast<uint32_t>(order_.size());
+  slots_[i] = Entry{v, index};
   order_.push_back(v);
+  return index;
 }
 
 uint32_t PageBuilder::SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
@@ -104,7 +103,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   if (packable && !tomb) std::memcpy(&v, value, 8);
   uint32_t before = closed_bytes_;
   uint32_t after;
-  bool new_value = false;  // v joins the open segment's distinct values
+  uint32_t code = DistinctSet::kAbsent;  // v's index among the open segment's distinct values
   if (new_seg) {
     if (!segs_.empty()) before += segs_.back().BodyBytes();
     after = before + SegBytes(1, true, 1, tomb, width, width ? 0 : vlen, packable ? PackedValueBytes(1, v, v, 1) : 0);
@@ -116,10 +115,11 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
         KeyBytes(n + 1, s.varint_bytes + VarintSize(key - s.keys.back()), key - s.keys.front() + 1, compact_);
     uint64_t packed = 0;
     if (packable) {
-      new_value = s.dict_ok && !s.distinct.Contains(v);
-      uint32_t entries = s.dict_entries() + (new_value ? 1 : 0);
-      if (entries > kMaxDictEntries) entries = 0;
-      packed = PackedValueBytes(n + 1, std::min(s.vmin, v), std::max(s.vmax, v), entries);
+      const int64_t lo = std::min(s.vmin, v), hi = std::max(s.vmax, v);
+      code = s.dict_ok ? s.Code(v) : DistinctSet::kAbsent;
+      uint32_t entries = s.dict_entries() + (s.dict_ok && code == DistinctSet::kAbsent ? 1 : 0);
+      if (entries > DictLimit(PackBytes(lo, hi))) entries = 0;
+      packed = PackedValueBytes(n + 1, lo, hi, entries);
     }
     after = closed_bytes_ + SegBytes(n + 1, run, vb, s.any_tomb || tomb, width, s.values.size() + (width ? 0 : vlen),
                                      packed);
@@ -129,7 +129,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   if (new_seg) {
     Seg& s = OpenSegment(f, packable);
     s.vmin = s.vmax = v;
-    if (packable) s.AddDistinct(v);
+    if (packable) s.Record(v, DistinctSet::kAbsent, DictLimit(1));
     s.varint_bytes = 1;  // first delta (0) is one byte
     if (!width) s.offsets.push_back(0);
   } else {
@@ -138,7 +138,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
     s.varint_bytes += VarintSize(key - s.keys.back());
     s.vmin = std::min(s.vmin, v);
     s.vmax = std::max(s.vmax, v);
-    if (new_value) s.AddDistinct(v);
+    if (packable) s.Record(v, code, DictLimit(PackBytes(s.vmin, s.vmax)));
   }
   Seg& s = segs_.back();
   s.keys.push_back(key);
@@ -202,18 +202,21 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     uint64_t value_bytes = static_cast<uint64_t>(cnt) * width;
     int64_t lo = vmin, hi = vmax;
     int64_t v = 0;
-    bool new_value = false;
+    uint32_t code = DistinctSet::kAbsent;
     if (packable) {
       std::memcpy(&v, values + 8 * k, 8);
       lo = std::min(lo, v);
       hi = std::max(hi, v);
-      new_value = ds->dict_ok && !ds->distinct.Contains(v);
-      uint32_t entries = ds->dict_entries() + (new_value ? 1 : 0);
-      if (entries > kMaxDictEntries) entries = 0;
+      uint32_t entries = 0;
+      if (ds->dict_ok) {
+        code = ds->Code(v);
+        entries = ds->dict_entries() + (code == DistinctSet::kAbsent ? 1 : 0);
+        if (entries > DictLimit(PackBytes(lo, hi))) entries = 0;
+      }
       value_bytes = PackedValueBytes(cnt, lo, hi, entries);
     }
     if (static_cast<uint64_t>(fixed) + kb + value_bytes > page_size_) break;
-    if (new_value) ds->AddDistinct(v);
+    if (packable) ds->Record(v, code, DictLimit(PackBytes(lo, hi)));
     run = r;
     varint = vb;
     prev = key;
@@ -226,7 +229,9 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     Seg& s = OpenSegment(f, packable);
     s.distinct = std::move(fresh_state.distinct);
     s.dict_ok = fresh_state.dict_ok;
-    s.entries = fresh_state.entries;
+    s.codes = std::move(fresh_state.codes);
+    s.last = fresh_state.last;
+    s.last_code = fresh_state.last_code;
   }
   Seg& s = segs_.back();
   s.run = run;
@@ -318,9 +323,7 @@ void PageBuilder::Finish(uint8_t* buf, uint64_t seq, uint32_t page_id, std::vect
       uint64_t acc = 0;
       uint32_t nacc = 0;
       for (uint32_t j = 0; j < n; j++) {
-        int64_t x;
-        std::memcpy(&x, s.values.data() + 8ull * j, 8);
-        acc |= static_cast<uint64_t>(s.distinct.IndexOf(x)) << nacc;
+        acc |= static_cast<uint64_t>(s.codes[j]) << nacc;
         nacc += bits;
         while (nacc >= 8) {
           *p++ = static_cast<uint8_t>(acc);

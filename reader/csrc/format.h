@@ -130,31 +130,32 @@ inline uint64_t PackedValueBytes(uint64_t n, int64_t vmin, int64_t vmax, uint32_
 // is known at every Add, and Finish looks each record's index up instead of sorting.
 class DistinctSet {
  public:
-  bool Contains(int64_t v) const { return Find(v) != nullptr; }
-  // Index of v (it must be in the set).
-  uint32_t IndexOf(int64_t v) const { return *Find(v); }
-  void Insert(int64_t v);  // v is not in the set; it gets index size()
+  static constexpr uint32_t kAbsent = UINT32_MAX;
+  // Index of v, or kAbsent.
+  uint32_t Find(int64_t v) const {
+    if (order_.empty()) return kAbsent;
+    for (size_t i = Slot(v);; i = (i + 1) & mask_) {
+      const Entry& e = slots_[i];
+      if (e.index == kAbsent) return kAbsent;
+      if (e.value == v) return e.index;
+    }
+  }
+  uint32_t Insert(int64_t v);  // v is not in the set; returns its index (size() before)
   uint32_t size() const { return static_cast<uint32_t>(order_.size()); }
   const std::vector<int64_t>& values() const { return order_; }  // by index
   void Release() {
-    std::vector<int64_t>().swap(slots_);
-    std::vector<uint32_t>().swap(index_);
+    std::vector<Entry>().swap(slots_);
     std::vector<int64_t>().swap(order_);
     mask_ = 0;
   }
 
  private:
-  static constexpr uint32_t kEmpty = UINT32_MAX;
+  struct Entry {  // one probe, one cache line
+    int64_t value;
+    uint32_t index;
+  };
   size_t Slot(int64_t v) const { return (static_cast<uint64_t>(v) * 0x9E3779B97F4A7C15ull) >> shift_; }
-  const uint32_t* Find(int64_t v) const {
-    if (order_.empty()) return nullptr;
-    for (size_t i = Slot(v);; i = (i + 1) & mask_) {
-      if (index_[i] == kEmpty) return nullptr;
-      if (slots_[i] == v) return &index_[i];
-    }
-  }
-  std::vector<int64_t> slots_;
-  std::vector<uint32_t> index_;  // kEmpty: a free slot
+  std::vector<Entry> slots_;
   std::vector<int64_t> order_;
   size_t mask_ = 0;
   int shift_ = 64;
@@ -196,19 +197,29 @@ class PageBuilder {
     bool packable = false;  // int64: values may be stored frame-of-reference packed
     int64_t vmin = 0, vmax = 0;  // value range of the slots (packable only)
     DistinctSet distinct;        // packable: its distinct values while a dictionary may pay
-    bool dict_ok = false;        // packable and at most kMaxDictEntries distinct values so far
-    uint32_t entries = 0;        // distinct values (kept when the set is released at close)
-    uint32_t dict_entries() const { return dict_ok ? entries : 0; }
-    // Takes v into the distinct values (the caller checked that it is new): past
-    // kMaxDictEntries no dictionary can pay, and tracking stops.
-    void AddDistinct(int64_t v) {
-      if (entries + 1 > kMaxDictEntries) {
-        dict_ok = false;
-        distinct.Release();
-        return;
+    bool dict_ok = false;        // packable and few enough distinct values so far (DictLimit)
+    std::vector<uint16_t> codes;  // dict_ok: each record's dictionary index (Finish writes them)
+    int64_t last = 0;            // the last record's value and index: repeats skip the hash
+    uint32_t last_code = DistinctSet::kAbsent;
+    uint32_t dict_entries() const { return dict_ok ? distinct.size() : 0; }
+    // Index of v in the distinct values, kAbsent when new (then its index is dict_entries()).
+    uint32_t Code(int64_t v) const { return v == last && last_code != DistinctSet::kAbsent ? last_code : distinct.Find(v); }
+    // Records v (its Code is `code`): a new value joins the dictionary unless that would pass
+    // `limit` entries, where no dictionary pays any more and tracking stops.
+    void Record(int64_t v, uint32_t code, uint32_t limit) {
+      if (!dict_ok) return;
+      if (code == DistinctSet::kAbsent) {
+        if (distinct.size() + 1 > limit) {
+          dict_ok = false;
+          distinct.Release();
+          std::vector<uint16_t>().swap(codes);
+          return;
+        }
+        code = distinct.Insert(v);
       }
-      distinct.Insert(v);
-      entries++;
+      codes.push_back(static_cast<uint16_t>(code));
+      last = v;
+      last_code = code;
     }
     std::vector<uint64_t> keys;
     std::vector<uint8_t> tomb;
@@ -227,6 +238,9 @@ class PageBuilder {
   // packed_bytes: the value bytes of a packable int64 segment (PackedValueBytes; 0 = plain).
   static uint32_t SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
                            uint64_t value_bytes, uint64_t packed_bytes = 0);
+  // Most dictionary entries a segment may take with values of `pack` bytes. (A cap of a
+  // quarter of the page measured 15 % more pages on the Criteo-like preset for no CPU gain.)
+  static uint32_t DictLimit(uint32_t /*pack*/) { return kMaxDictEntries; }
   uint32_t page_size_;
   bool compact_ = false;
   std::vector<Seg> segs_;

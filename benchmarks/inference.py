@@ -47,7 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from baselines.common import drop_caches  # noqa: E402  (sync + drop the page cache)
+from harness import diskstats_of, drop_caches, fio_randread, loadavg, make_log  # noqa: E402
 
 MLPS = {  # RM-SSD Table III (bottom MLP, top MLP)
     "RM1": ([128, 64, 32], [256, 64, 1]),
@@ -57,14 +57,7 @@ MLPS = {  # RM-SSD Table III (bottom MLP, top MLP)
 DENSE_IN = 13
 METHODS = ["dram", "mmap", "recflash", "recflash+cache", "recflash-device"]
 _T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[inference {time.perf_counter() - _T0:7.1f}s] {msg}", flush=True)
-
-
-def loadavg() -> list:
-    return [round(x, 2) for x in os.getloadavg()]
+log = make_log("inference", elapsed=True)
 
 
 # -- the model and its weights (deterministic: every process derives the same ones) -------------
@@ -133,17 +126,6 @@ def input_stream(shape, batch: int, trace: str, seed: int, group: int = 4):
 
 # -- system helpers ---------------------------------------------------------------------------
 
-def diskstats_of(path: str):
-    st = os.stat(path)
-    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
-    with open("/proc/diskstats") as f:
-        for line in f:
-            p = line.split()
-            if int(p[0]) == major and int(p[1]) == minor:
-                return int(p[3]), int(p[5]) * 512
-    return None
-
-
 class MemoryCgroup:
     """A memory cgroup for one child (v1 memory controller, else v2)."""
 
@@ -199,25 +181,6 @@ class MemoryCgroup:
                     return
                 except OSError:
                     time.sleep(0.1)
-
-
-def fio_randread_iops(path: str, size: int, seconds: float, qd: int = 128) -> dict:
-    fio = shutil.which("fio")
-    if fio is None:
-        return {"error": "fio not installed"}
-    d0 = diskstats_of(path)
-    r = subprocess.run([fio, "--name=rr", f"--filename={path}", f"--size={size // 4096 * 4096}", "--rw=randread",
-                        "--bs=512", "--direct=1", "--ioengine=io_uring", f"--iodepth={qd}", "--time_based",
-                        f"--runtime={seconds}", "--output-format=json", "--readonly"],
-                       capture_output=True, text=True)
-    d1 = diskstats_of(path)
-    if r.returncode != 0:
-        return {"error": r.stderr.strip()[-400:]}
-    job = json.loads(r.stdout)["jobs"][0]["read"]
-    out = {"iops": float(job["iops"]), "qd": qd, "block": 512, "seconds": seconds, "loadavg": loadavg()}
-    if d0 and d1:
-        out["device_reads"] = d1[0] - d0[0]
-    return out
 
 
 # -- the parent: data, device, children ------------------------------------------------------
@@ -400,8 +363,8 @@ def child_main(cfg: dict) -> None:
             point = {"trace": trace, "batch": batch, "batches": len(lat), "samples_per_s": samples / secs,
                      "p50_ms": 1e3 * float(np.percentile(lat, 50)), "p95_ms": 1e3 * float(np.percentile(lat, 95)),
                      "p99_ms": 1e3 * float(np.percentile(lat, 99)),
-                     "device_reads": (d1[0] - d0[0]) if d0 and d1 else None,
-                     "device_bytes": (d1[1] - d0[1]) if d0 and d1 else None, "samples": samples,
+                     "device_reads": (d1["read_ios"] - d0["read_ios"]) if d0 and d1 else None,
+                     "device_bytes": (d1["read_bytes"] - d0["read_bytes"]) if d0 and d1 else None, "samples": samples,
                      "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
             if hits0 is not None:
                 h, m = hits1[0] - hits0[0], hits1[1] - hits0[1]
@@ -542,7 +505,7 @@ def main(argv=None) -> int:
         return 0
 
     from recflash.ndp.traces import model_shape
-    from report import write_report
+    from harness import write_report
 
     quick = args.quick
     models = ["RM1"] if quick and args.models == "RM1,RM2,RM3" else [m.strip().upper() for m in args.models.split(",")]
@@ -579,7 +542,10 @@ def main(argv=None) -> int:
         first = shapes[models[0]]
         flat = Path(res["models"][models[0]]["dir"]) / f"{table_names(first)[0]}.f32"
         drop_caches()
-        res["device"] = fio_randread_iops(str(flat), first.table_bytes, 2.0 if quick else 5.0)
+        st = os.stat(flat)
+        res["device"] = fio_randread(str(flat), first.table_bytes // 4096 * 4096, 512, 128, 2.0 if quick else 5.0,
+                                     (os.major(st.st_dev), os.minor(st.st_dev)))
+        res["device"]["loadavg"] = loadavg()
         log(f"device: {res['device'].get('iops', 0):,.0f} random 512 B reads/s at QD128 (fio)")
         # The process baseline: measured by the first dram child before it allocates its tables
         # (one process start fewer), or by a child of its own when dram is not run.

@@ -44,12 +44,12 @@ import time
 from pathlib import Path
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-if BENCH_DIR not in sys.path:  # benchmarks/report.py, also under python -P
+if BENCH_DIR not in sys.path:  # benchmarks/harness.py, also under python -P
     sys.path.insert(0, BENCH_DIR)
 
 import numpy as np
 
-from report import remove_workdir, write_report
+from harness import make_log, remove_workdir, write_report
 
 TARGET_IMPORT_MB_S = 100.0
 TARGET_PEAK_RSS_MB = 2048.0
@@ -59,8 +59,7 @@ TARGET_IMPORT_VS_PYARROW = 3.0  # recflash import MB/s / pyarrow streaming CSV -
 MiB = 1 << 20
 
 
-def log(msg: str) -> None:
-    print(f"[ingest-bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = make_log("ingest-bench")
 
 
 def recflash_exe() -> str:

@@ -66,12 +66,9 @@ METHODS = ("inprocess", "device_sls", "device_forward")
 MODES = ("sync", "pipelined")
 
 
-def log(msg: str) -> None:
-    print(f"[ndp_device {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+from harness import loadavg, make_log  # noqa: E402
 
-
-def loadavg() -> list:
-    return [round(x, 2) for x in os.getloadavg()]
+log = make_log("ndp_device", stream=sys.stderr)
 
 
 def proc_cpu(pid: int) -> float:
@@ -703,7 +700,7 @@ def main(argv=None) -> int:
     if args.worker:
         return concurrency_worker(args.worker)
     from device import measure_device
-    from report import remove_workdir, write_report
+    from harness import remove_workdir, write_report
 
     import torch
 

@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from report import remove_workdir, write_report  # noqa: E402
+from harness import make_log, remove_workdir, write_report  # noqa: E402
 
 TARGET_READ_RATIO = 1.0       # recflash / Parquet samples/s, 8 of 39 features
 TARGET_UPDATE_SPEEDUP = 10.0  # Parquet rewrite time / recflash update time
@@ -73,8 +73,7 @@ UPDATE_FRACTION = 0.05
 TABLE_SIZE = 100_000
 
 
-def log(msg: str) -> None:
-    print(f"[ray_ingest {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = make_log("ray_ingest")
 
 
 def dir_bytes(path: Path) -> int:

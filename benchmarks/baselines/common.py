@@ -142,10 +142,9 @@ def maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-_T0 = time.perf_counter()
+# Imported here, after drop_caches and build_harness, because harness re-exports those two.
+import sys  # noqa: E402
 
+from harness import make_log  # noqa: E402
 
-def log(msg: str) -> None:
-    import sys
-
-    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+log = make_log(None, elapsed=True, stream=sys.stderr)

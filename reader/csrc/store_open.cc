@@ -520,14 +520,18 @@ using CheckpointSegs = std::vector<std::pair<uint32_t, std::vector<std::pair<uin
 
 // True when the checkpoint's derived state is consistent with the page table: per feature,
 // the index's entries and locations match the segments' valid counts and bytes, which sum to
-// the feature's counters, and no segment claims more valid records than it holds.
+// the feature's counters, and no segment claims more valid records than it holds. Linear in
+// segments plus index runs: a clean reopen of a large store must stay cheap.
 bool CheckpointAgrees(const std::vector<CheckpointFeature>& fs, const CheckpointSegs& segs,
                       const std::vector<uint32_t>& slot_of, FeatureTable* features, LogicalPageTable* pages) {
-  // Per-segment claims, and their sums per feature.
-  std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> sums;  // fid -> (valid, valid bytes)
-  for (const auto& [pid, v] : segs) {
+  struct SegRef {
+    uint32_t slot, i;  // entry in segs, segment index in the page
+  };
+  std::vector<std::vector<SegRef>> of_feature;  // fid -> its live segments
+  for (uint32_t slot = 0; slot < segs.size(); slot++) {
+    const auto& [pid, v] = segs[slot];
     const PageMeta& pm = pages->at(pid);
-    for (size_t i = 0; i < v.size(); i++) {
+    for (uint32_t i = 0; i < v.size(); i++) {
       const SegMeta& sm = pm.segs[i];
       const FeatureState* f = features->Get(sm.fid);
       if (!f) return false;
@@ -536,77 +540,81 @@ bool CheckpointAgrees(const std::vector<CheckpointFeature>& fs, const Checkpoint
         continue;
       }
       const uint32_t valid = v[i].first;
-      if (valid > sm.count) return false;
       const uint32_t w = f->def.fixed_width();
       const uint64_t most = w ? static_cast<uint64_t>(valid) * ItemBytes(w) : static_cast<uint64_t>(valid) * 8 + sm.length;
-      if (v[i].second > most) return false;
-      auto& [sv, sb] = sums[sm.fid];
-      sv += valid;
-      sb += v[i].second;
+      if (valid > sm.count || v[i].second > most) return false;
+      if (sm.fid >= of_feature.size()) of_feature.resize(sm.fid + 1);
+      of_feature[sm.fid].push_back({slot, i});
     }
   }
-  std::vector<uint64_t> per_slot(segs.size());  // this feature's index entries per page
-  std::vector<uint64_t> tombs_slot(segs.size()), bytes_slot(segs.size());
+  // Per-slot tallies of one feature's index entries; reset through its own segment list.
+  std::vector<uint64_t> entries_at(segs.size(), 0), tombs_at(segs.size(), 0), bytes_at(segs.size(), 0);
+  static const std::vector<SegRef> kNone;
   for (const CheckpointFeature& f : fs) {
     const FeatureState* st = features->Get(f.id);
     const uint32_t w = st->def.fixed_width();
-    const auto [valid_sum, bytes_sum] = sums.count(f.id) ? sums[f.id] : std::pair<uint64_t, uint64_t>(0, 0);
+    const std::vector<SegRef>& mine = f.id < of_feature.size() ? of_feature[f.id] : kNone;
+    uint64_t valid_sum = 0, bytes_sum = 0;
+    for (const SegRef& r : mine) {
+      valid_sum += segs[r.slot].second[r.i].first;
+      bytes_sum += segs[r.slot].second[r.i].second;
+    }
     if (f.items > UINT64_MAX - f.tombs || valid_sum != f.items + f.tombs || bytes_sum != f.bytes) return false;
     if (f.sum.track_lens != st->def.variable()) return false;
     if (f.sum.mode == 2) {  // deferred: every record of every live segment is current, no tombstones
       // (a variable-width feature's bytes per segment are bounded above, not known exactly)
       if (f.tombs != 0 || f.sum.entries != f.items) return false;
-      for (const auto& [pid, v] : segs) {
-        const PageMeta& pm = pages->at(pid);
-        for (size_t i = 0; i < v.size(); i++)
-          if (pm.segs[i].fid == f.id && !pm.segs[i].retired &&
-              (pm.segs[i].tombs != 0 || v[i].first != pm.segs[i].count ||
-               (w && v[i].second != static_cast<uint64_t>(pm.segs[i].count) * ItemBytes(w))))
-            return false;
+      for (const SegRef& r : mine) {
+        const SegMeta& sm = pages->at(segs[r.slot].first).segs[r.i];
+        const auto& [valid, bytes] = segs[r.slot].second[r.i];
+        if (sm.tombs != 0 || valid != sm.count || (w && bytes != static_cast<uint64_t>(sm.count) * ItemBytes(w)))
+          return false;
       }
       continue;
     }
     if (f.sum.entries != f.items + f.tombs) return false;
-    std::fill(per_slot.begin(), per_slot.end(), 0);
-    std::fill(tombs_slot.begin(), tombs_slot.end(), 0);
-    std::fill(bytes_slot.begin(), bytes_slot.end(), 0);
     uint64_t at = 0;
-    for (uint64_t r = 0; r < f.sum.nruns; r++) {
+    bool ok = true;
+    for (uint64_t r = 0; r < f.sum.nruns && ok; r++) {
       uint32_t run[2];
       std::memcpy(run, f.sum.runs + 2 * r, sizeof(run));
       const uint32_t loc = run[0], count = run[1];
       const uint32_t pid = loc & ~KeyIndex::kTomb;
-      const bool tomb = (loc & KeyIndex::kTomb) != 0;
-      if (count > f.sum.entries - at || pid >= slot_of.size() || slot_of[pid] == UINT32_MAX) return false;
+      if (count > f.sum.entries - at || pid >= slot_of.size() || slot_of[pid] == UINT32_MAX) {
+        ok = false;
+        break;
+      }
       const SegMeta* sm = pages->at(pid).seg(f.id);
-      if (!sm || sm->retired) return false;
+      if (!sm || sm->retired) {
+        ok = false;
+        break;
+      }
       const uint32_t slot = slot_of[pid];
-      per_slot[slot] += count;
-      if (tomb) {
-        tombs_slot[slot] += count;
+      entries_at[slot] += count;
+      if (loc & KeyIndex::kTomb) {
+        tombs_at[slot] += count;
       } else if (w) {
-        bytes_slot[slot] += static_cast<uint64_t>(count) * ItemBytes(w);
+        bytes_at[slot] += static_cast<uint64_t>(count) * ItemBytes(w);
       } else {
         for (uint64_t k = at; k < at + count; k++) {
           uint32_t len;
           std::memcpy(&len, f.sum.lens + 4 * k, 4);
-          bytes_slot[slot] += ItemBytes(len);
+          bytes_at[slot] += ItemBytes(len);
         }
       }
       at += count;
     }
-    if (at != f.sum.entries) return false;
+    ok = ok && at == f.sum.entries;
+    // Every run landed on one of this feature's segments (seg(f.id) above), so comparing and
+    // resetting through its own list covers every tally touched.
     uint64_t tombs = 0;
-    for (const auto& [pid, v] : segs) {
-      const PageMeta& pm = pages->at(pid);
-      const uint32_t slot = slot_of[pid];
-      for (size_t i = 0; i < v.size(); i++) {
-        if (pm.segs[i].fid != f.id || pm.segs[i].retired) continue;
-        if (per_slot[slot] != v[i].first || bytes_slot[slot] != v[i].second) return false;
-      }
-      tombs += tombs_slot[slot];
+    for (const SegRef& r : mine) {
+      const auto& [valid, bytes] = segs[r.slot].second[r.i];
+      if (entries_at[r.slot] != valid || bytes_at[r.slot] != bytes) ok = false;
+      tombs += tombs_at[r.slot];
+      entries_at[r.slot] = tombs_at[r.slot] = bytes_at[r.slot] = 0;
     }
-    if (tombs != f.tombs) return false;
+    if (!ok || tombs != f.tombs) return false;
   }
   return true;
 }

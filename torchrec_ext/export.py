@@ -61,7 +61,7 @@ def export_tables(model_or_state_dict: Union[nn.Module, Mapping[str, torch.Tenso
     rows, dim, dtype and the bytes a row takes in the store.
     """
     from recflash.ndp import EmbeddingStore
-    from recflash.reader import Store
+    from recflash.reader import Store, StoreOptions
 
     state = _weights_of(model_or_state_dict)
     if tables is None:
@@ -79,7 +79,9 @@ def export_tables(model_or_state_dict: Union[nn.Module, Mapping[str, torch.Tenso
         if w.dim() != 2 or not torch.is_floating_point(w):
             raise SchemaError(f"table '{t}': expected a 2-D float weight, got {tuple(w.shape)} {w.dtype}")
     out = {}
-    with Store.open(os.fspath(store_path)) as store:
+    # Bulk-load mode: the rows go to pages without a WAL copy (load_table's compact() and the
+    # final sync are the durability points), as `recflash import` writes.
+    with Store.open(os.fspath(store_path), StoreOptions(bulk_load=True)) as store:
         emb = EmbeddingStore(store)
         for t in tables:
             w = weights[t].detach().to("cpu", torch.float32)

@@ -17,6 +17,9 @@ namespace recflash::ndp {
 namespace py = pybind11;
 using bind::Check;
 using bind::GatherStatsDict;
+using bind::OptionField;
+using bind::OptionNames;
+using bind::OptionsFromDict;
 using bind::Raise;
 using bind::StoreOf;
 
@@ -84,15 +87,10 @@ py::tuple RunSls(Store* store, SlsEngine* engine, const py::list& requests) {
   return py::make_tuple(pr.outs, d);
 }
 
-// Every SLS engine option Python may set, once (the store's options follow the same rule):
-// exported as SLS_OPTION_NAMES, and a key not listed here is refused, never ignored.
-struct SlsOptionField {
-  const char* name;
-  void (*set)(SlsOptions& o, const py::handle& v);
-};
-#define RF_SLS_OPTION(key, field) \
-  { key, [](SlsOptions& o, const py::handle& v) { o.field = v.cast<decltype(o.field)>(); } }
-const SlsOptionField kSlsOptions[] = {
+// Every SLS engine option Python may set, once (see OptionField in py_bindings.h); exported
+// as SLS_OPTION_NAMES.
+#define RF_SLS_OPTION(key, field) RF_OPTION_FIELD(SlsOptions, key, field)
+const OptionField<SlsOptions> kSlsOptions[] = {
     RF_SLS_OPTION("vector_grained", vector_grained),
     RF_SLS_OPTION("row_cache_bytes", row_cache_bytes),
     RF_SLS_OPTION("hot_rows_bytes", hot_rows_bytes),
@@ -103,34 +101,12 @@ const SlsOptionField kSlsOptions[] = {
 };
 #undef RF_SLS_OPTION
 
-SlsOptions SlsOptionsFromDict(const py::dict& d) {
-  SlsOptions o;
-  for (const auto& [key, value] : d) {
-    const std::string k = py::str(key);
-    const SlsOptionField* f = nullptr;
-    for (const SlsOptionField& x : kSlsOptions)
-      if (k == x.name) f = &x;
-    if (!f) {
-      std::string known;
-      for (const SlsOptionField& x : kSlsOptions) known += (known.empty() ? "" : ", ") + std::string(x.name);
-      Raise(Status::InvalidArgument("unknown SLS engine option '" + k + "' (known: " + known + ")"));
-    }
-    try {
-      f->set(o, value);
-    } catch (const py::cast_error&) {
-      Raise(Status::InvalidArgument("SLS engine option '" + k + "' has the wrong type (" +
-                                    std::string(py::str(py::type::of(value))) + ")"));
-    }
-  }
-  return o;
-}
-
 // An SLS engine with caches, bound to an open store (kept alive by the Python object).
 class PySlsEngine {
  public:
   PySlsEngine(py::object store, const py::dict& opts) : store_obj_(store) {
     store_ = StoreOf(store);
-    engine_ = std::make_unique<SlsEngine>(store_, SlsOptionsFromDict(opts));
+    engine_ = std::make_unique<SlsEngine>(store_, OptionsFromDict(opts, kSlsOptions, "SLS engine"));
   }
   py::tuple Run(const py::list& requests) { return RunSls(store_, engine_.get(), requests); }
   void Profile(const py::list& requests) {
@@ -167,9 +143,7 @@ void InitNdp(py::module_& m) {
       .def("profile", &PySlsEngine::Profile)
       .def("invalidate", &PySlsEngine::Invalidate)
       .def("cache_stats", &PySlsEngine::CacheStats);
-  py::list names;
-  for (const SlsOptionField& x : kSlsOptions) names.append(x.name);
-  m.attr("SLS_OPTION_NAMES") = names;
+  m.attr("SLS_OPTION_NAMES") = OptionNames(kSlsOptions);
 }
 
 }  // namespace recflash::ndp

@@ -74,16 +74,10 @@ py::dict GatherStatsDict(const GatherStats& g) {
 
 namespace {
 
-// Every store option Python may set, once: its key and the StoreOptions field it sets. The
-// keys are exported (STORE_OPTION_NAMES) and recflash.reader.StoreOptions is checked against
-// them at import; a key not listed here is refused, never ignored.
-struct OptionField {
-  const char* name;
-  void (*set)(StoreOptions& o, const py::handle& v);
-};
-#define RF_OPTION(key, field) \
-  { key, [](StoreOptions& o, const py::handle& v) { o.field = v.cast<decltype(o.field)>(); } }
-const OptionField kStoreOptions[] = {
+// Every store option Python may set, once (see OptionField in py_bindings.h); exported as
+// STORE_OPTION_NAMES, and recflash.reader.StoreOptions is checked against them at import.
+#define RF_OPTION(key, field) RF_OPTION_FIELD(StoreOptions, key, field)
+const OptionField<StoreOptions> kStoreOptions[] = {
     RF_OPTION("page_size", page_size),
     RF_OPTION("write_buffer_bytes", write_buffer_bytes),
     RF_OPTION("direct_io", direct_io),
@@ -111,29 +105,6 @@ const OptionField kStoreOptions[] = {
 };
 #undef RF_OPTION
 
-StoreOptions OptionsFromDict(const py::dict& d) {
-  StoreOptions o;
-  for (const auto& [key, value] : d) {
-    const std::string k = py::str(key);
-    const OptionField* f = nullptr;
-    for (const OptionField& x : kStoreOptions)
-      if (k == x.name) f = &x;
-    if (!f) {
-      std::string known;
-      for (const OptionField& x : kStoreOptions) known += (known.empty() ? "" : ", ") + std::string(x.name);
-      Raise(Status::InvalidArgument("unknown store option '" + k + "' (known: " + known + ")"));
-    }
-    try {
-      f->set(o, value);
-    } catch (const py::cast_error&) {
-      Raise(Status::InvalidArgument("store option '" + k + "' cannot be " +
-                                    std::string(py::str(py::type::handle_of(value).attr("__name__"))) + " " +
-                                    std::string(py::repr(value))));
-    }
-  }
-  return o;
-}
-
 // parse_value_type(s) -> (canonical type string, dim): the one parser of type strings.
 py::tuple ParseValueTypePy(const std::string& s) {
   FeatureDef d;
@@ -144,7 +115,7 @@ py::tuple ParseValueTypePy(const std::string& s) {
 class PyStore {
  public:
   static std::unique_ptr<PyStore> Open(const std::string& path, const py::dict& opts) {
-    StoreOptions o = OptionsFromDict(opts);
+    StoreOptions o = OptionsFromDict(opts, kStoreOptions, "store");
     std::unique_ptr<Store> s;
     Status st;
     {
@@ -370,9 +341,7 @@ void InitReader(py::module_& m) {
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
-  py::list option_names;
-  for (const OptionField& x : kStoreOptions) option_names.append(x.name);
-  m.attr("STORE_OPTION_NAMES") = option_names;
+  m.attr("STORE_OPTION_NAMES") = OptionNames(kStoreOptions);
   m.def("parse_value_type", &ParseValueTypePy, py::arg("type"),
         "Type string -> (canonical type string, dim); SchemaError for an unknown type");
   py::list codes;

@@ -118,7 +118,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
       const int64_t lo = std::min(s.vmin, v), hi = std::max(s.vmax, v);
       code = s.dict_ok ? s.Code(v) : DistinctSet::kAbsent;
       uint32_t entries = s.dict_entries() + (s.dict_ok && code == DistinctSet::kAbsent ? 1 : 0);
-      if (entries > DictLimit(PackBytes(lo, hi))) entries = 0;
+      if (entries > kMaxDictEntries) entries = 0;
       packed = PackedValueBytes(n + 1, lo, hi, entries);
     }
     after = closed_bytes_ + SegBytes(n + 1, run, vb, s.any_tomb || tomb, width, s.values.size() + (width ? 0 : vlen),
@@ -129,7 +129,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   if (new_seg) {
     Seg& s = OpenSegment(f, packable);
     s.vmin = s.vmax = v;
-    if (packable) s.Record(v, DistinctSet::kAbsent, DictLimit(1));
+    if (packable) s.Record(v, DistinctSet::kAbsent);
     s.varint_bytes = 1;  // first delta (0) is one byte
     if (!width) s.offsets.push_back(0);
   } else {
@@ -138,7 +138,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
     s.varint_bytes += VarintSize(key - s.keys.back());
     s.vmin = std::min(s.vmin, v);
     s.vmax = std::max(s.vmax, v);
-    if (packable) s.Record(v, code, DictLimit(PackBytes(s.vmin, s.vmax)));
+    if (packable) s.Record(v, code);
   }
   Seg& s = segs_.back();
   s.keys.push_back(key);
@@ -211,12 +211,12 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
       if (ds->dict_ok) {
         code = ds->Code(v);
         entries = ds->dict_entries() + (code == DistinctSet::kAbsent ? 1 : 0);
-        if (entries > DictLimit(PackBytes(lo, hi))) entries = 0;
+        if (entries > kMaxDictEntries) entries = 0;
       }
       value_bytes = PackedValueBytes(cnt, lo, hi, entries);
     }
     if (static_cast<uint64_t>(fixed) + kb + value_bytes > page_size_) break;
-    if (packable) ds->Record(v, code, DictLimit(PackBytes(lo, hi)));
+    if (packable) ds->Record(v, code);
     run = r;
     varint = vb;
     prev = key;

@@ -24,7 +24,7 @@ PYTHON       ?= python3
 VENV         := .venv
 VPY          := $(VENV)/bin/python
 PIP          := $(VENV)/bin/pip
-APT_PACKAGES := liburing-dev librocksdb-dev pkg-config fio cmake ninja-build g++ googletest libgtest-dev
+APT_PACKAGES := liburing-dev librocksdb-dev pkg-config fio cmake ninja-build g++ googletest libgtest-dev clang
 # torchrec's wheel asks for the CUDA fbgemm-gpu; fbgemm-gpu-cpu is pinned in requirements.txt,
 # so torchrec goes in without its dependencies.
 TORCHREC     := torchrec==1.9.2
@@ -32,7 +32,7 @@ REQ_STAMP    := $(VENV)/.recflash-requirements.sha256
 PYTEST_ARGS  ?=
 DEMO_ARGS    ?=
 
-.PHONY: help setup system-deps python-deps build proto cpp-test test demo clean asan-build asan-test tsan-build \
+.PHONY: help setup system-deps python-deps build proto cpp-test tsa-check test demo clean asan-build asan-test tsan-build \
         tsan-test fuzz-build fuzz crash-stress
 
 help:
@@ -93,7 +93,14 @@ cpp-test:
 	cmake --build $(CPP_TEST_DIR) --target recflash_unit_tests
 	ctest --test-dir $(CPP_TEST_DIR) --output-on-failure
 
-test: setup cpp-test
+# Clang's thread-safety analysis over the engine (reader, ndp, ingest), warnings as errors;
+# configuring first checks that the analysis rejects tests/cpp/thread_safety_probe.cc.
+TSA_DIR := build/tsa
+tsa-check:
+	cmake -S . -B $(TSA_DIR) -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DRECFLASH_PYTHON=OFF -DRECFLASH_THREAD_SAFETY=ON >/dev/null
+	cmake --build $(TSA_DIR) --target recflash_reader recflash_ndp recflash_ingest
+
+test: setup cpp-test tsa-check
 	@start=$$(date +%s%N); rc=0; \
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
 	ms=$$(( ($$(date +%s%N) - start) / 1000000 )); \

@@ -40,7 +40,7 @@ DirectMappedCache* SlsEngine::DeviceCache(uint32_t fid, uint32_t dim) {
 }
 
 Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   const auto t0 = std::chrono::steady_clock::now();
   *stats = SlsStats();
   const size_t nr = requests.size();
@@ -73,7 +73,7 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
   // 2. Every table's missing rows in one ring pass; a table is pooled as soon as its rows
   //    are in, while the other tables' reads are still in flight.
   if (!gathers.empty()) {
-    RF_RETURN_IF_ERROR(store_->GatherRowsMany(gathers, o_.vector_grained, [&](size_t g) -> Status {
+    RF_RETURN_IF_ERROR(store_->GatherRowsMany(gathers, o_.vector_grained, [&](size_t g) RF_REQUIRES(mu_) -> Status {
       const size_t k = gather_of[g];
       Work& wk = work_[k];
       const uint32_t words = wk.words;
@@ -189,7 +189,7 @@ void SlsEngine::Pool(const SlsRequest& r, Work* wk) {
 }
 
 Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   hot_.Clear();
   if (!o_.hot_rows_bytes) return Status::OK();
   struct T {
@@ -231,7 +231,7 @@ Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {
 }
 
 Status SlsEngine::Invalidate(const std::string& table, const uint64_t* ids, size_t n) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   FeatureDef def;
   RF_RETURN_IF_ERROR(store_->LookupFeature(table, &def));
   DirectMappedCache* dev = device_.count(def.id) ? device_[def.id].get() : nullptr;
@@ -256,7 +256,7 @@ Status SlsEngine::Invalidate(const std::string& table, const uint64_t* ids, size
 }
 
 std::string SlsEngine::CacheStatsJson() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto one = [](const char* name, const CacheCounters& c, size_t bytes, size_t budget) {
     return std::string("\"") + name + "\":{\"hits\":" + std::to_string(c.hits) + ",\"misses\":" + std::to_string(c.misses) +
            ",\"inserts\":" + std::to_string(c.inserts) + ",\"evictions\":" + std::to_string(c.evictions) +

@@ -7,13 +7,14 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <mutex>
+
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "ndp/csrc/cache.h"
 #include "ndp/csrc/row_format.h"
+#include "reader/csrc/mutex.h"
 #include "reader/csrc/store.h"
 
 namespace recflash::ndp {
@@ -73,17 +74,17 @@ class SlsEngine {
     DirectMappedCache* dev = nullptr;
     GatherStats gs;
   };
-  Status Prepare(const SlsRequest& r, Work* wk);
-  void Pool(const SlsRequest& r, Work* wk);
-  DirectMappedCache* DeviceCache(uint32_t fid, uint32_t dim);
+  Status Prepare(const SlsRequest& r, Work* wk) RF_REQUIRES(mu_);
+  void Pool(const SlsRequest& r, Work* wk) RF_REQUIRES(mu_);
+  DirectMappedCache* DeviceCache(uint32_t fid, uint32_t dim) RF_REQUIRES(mu_);
   Store* store_;
   SlsOptions o_;
-  std::mutex mu_;  // one Run at a time per engine (caches are not thread-safe)
-  RowCache rows_;
-  PooledCache pooled_;
-  HotRows hot_;
-  std::unordered_map<uint32_t, std::unique_ptr<DirectMappedCache>> device_;
-  std::vector<Work> work_;
+  Mutex mu_;  // one Run at a time per engine (caches are not thread-safe)
+  RowCache rows_ RF_GUARDED_BY(mu_);
+  PooledCache pooled_ RF_GUARDED_BY(mu_);
+  HotRows hot_ RF_GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, std::unique_ptr<DirectMappedCache>> device_ RF_GUARDED_BY(mu_);
+  std::vector<Work> work_ RF_GUARDED_BY(mu_);
 };
 
 }  // namespace recflash::ndp

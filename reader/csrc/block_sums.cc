@@ -23,7 +23,7 @@ uint32_t BlockSums::Sum(const uint8_t* block, uint32_t block_size) { return crc3
 void BlockSums::Record(uint32_t page, uint64_t seq, const uint8_t* data) {
   auto sums = std::make_unique<uint32_t[]>(blocks_per_page_);
   for (uint32_t b = 0; b < blocks_per_page_; b++) sums[b] = Sum(data + static_cast<size_t>(b) * block_size_, block_size_);
-  std::unique_lock<std::shared_mutex> l(mu_);
+  WriterLock l(&mu_);
   Entry& e = pages_[page];
   e.seq = seq;
   e.sums = std::move(sums);
@@ -31,14 +31,14 @@ void BlockSums::Record(uint32_t page, uint64_t seq, const uint8_t* data) {
 }
 
 bool BlockSums::Has(uint32_t page, uint64_t seq) const {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  ReaderLock l(&mu_);
   auto it = pages_.find(page);
   return it != pages_.end() && it->second.seq == seq;
 }
 
 bool BlockSums::Lookup(uint32_t page, uint64_t seq, uint32_t first, uint32_t count, uint32_t* out) const {
   if (first + count > blocks_per_page_) return false;
-  std::shared_lock<std::shared_mutex> l(mu_);
+  ReaderLock l(&mu_);
   auto it = pages_.find(page);
   if (it == pages_.end() || it->second.seq != seq) return false;
   std::memcpy(out, it->second.sums.get() + first, sizeof(uint32_t) * count);
@@ -46,17 +46,17 @@ bool BlockSums::Lookup(uint32_t page, uint64_t seq, uint32_t first, uint32_t cou
 }
 
 size_t BlockSums::pages() const {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  ReaderLock l(&mu_);
   return pages_.size();
 }
 
 size_t BlockSums::MemoryBytes() const {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  ReaderLock l(&mu_);
   return pages_.size() * (sizeof(Entry) + sizeof(uint32_t) * blocks_per_page_ + 32);
 }
 
 Status BlockSums::Save(const std::string& path) {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  ReaderLock l(&mu_);
   std::vector<uint8_t> buf;
   auto put = [&](const void* p, size_t n) {
     const uint8_t* b = static_cast<const uint8_t*>(p);
@@ -119,7 +119,7 @@ void BlockSums::Load(const std::string& path) {
     return;  // (the count bound first: a damaged count must not overflow the size check)
   std::memcpy(&crc, buf.data() + buf.size() - 4, 4);
   if (crc32c::Value(buf.data(), buf.size() - 4) != crc) return;
-  std::unique_lock<std::shared_mutex> l(mu_);
+  WriterLock l(&mu_);
   pages_.reserve(count);
   const uint8_t* p = buf.data() + head;
   for (uint64_t i = 0; i < count; i++, p += entry) {

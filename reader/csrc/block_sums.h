@@ -16,7 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <shared_mutex>
+#include "reader/csrc/mutex.h"
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -61,9 +61,9 @@ class BlockSums {
     std::unique_ptr<uint32_t[]> sums;
   };
   const uint32_t page_size_, block_size_, blocks_per_page_;
-  mutable std::shared_mutex mu_;
+  mutable SharedMutex mu_;
   std::atomic<bool> dirty_{false};
-  std::unordered_map<uint32_t, Entry> pages_;
+  std::unordered_map<uint32_t, Entry> pages_ RF_GUARDED_BY(mu_);
 };
 
 }  // namespace recflash

@@ -410,7 +410,7 @@ Status IoRing::WriteRuns(int fd, const std::string& path, uint32_t page_size, co
 
 Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (!free_.empty()) {
       *out = std::move(free_.back());
       free_.pop_back();
@@ -422,7 +422,7 @@ Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out) {
 
 void IoRingPool::Release(std::unique_ptr<IoRing> r) {
   if (r->broken()) return;  // requests may still be outstanding: never lend it out again
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (free_.size() < 8) free_.push_back(std::move(r));
 }
 

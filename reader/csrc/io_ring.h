@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "reader/csrc/mutex.h"
 #include "reader/csrc/status.h"
 
 namespace recflash {
@@ -115,8 +115,8 @@ class IoRingPool {
   void Release(std::unique_ptr<IoRing> r);
 
  private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<IoRing>> free_;
+  Mutex mu_;
+  std::vector<std::unique_ptr<IoRing>> free_ RF_GUARDED_BY(mu_);
   unsigned depth_;
   uint32_t slot_bytes_;
 };

@@ -131,6 +131,7 @@ size_t FeatureTable::MemoryBytes() const {
   for (const auto& f : features_)
     if (f)
       b += sizeof(FeatureState) + f->def.name.size() + f->index.MemoryBytes() + f->index_blob.capacity() +
+           f->index_ranges.capacity() * sizeof(FeatureState::SegmentRange) +
            f->pages.capacity() * 4;
   return b;
 }

@@ -105,6 +105,16 @@ struct FeatureState {
   // close() writes their bytes back unchanged.
   bool index_lazy = false;
   std::string index_blob;
+  // With index_blob: the key range of each segment the index may name, by page id, taken
+  // from the page table at the open. LoadIndex checks the decoded keys against these instead
+  // of the page table, which readers must not read (it belongs to the writer, and a flush of
+  // another feature may grow it meanwhile). A lazy feature's segments cannot change before
+  // its index is loaded: every writer path loads the index first.
+  struct SegmentRange {
+    uint32_t page;
+    uint64_t min_key, max_key;
+  };
+  std::vector<SegmentRange> index_ranges;
   std::vector<uint32_t> pages;  // unordered
   uint64_t live_items = 0;      // valid non-tombstone items on disk
   uint64_t live_bytes = 0;      // their logical bytes
@@ -120,6 +130,7 @@ class FeatureTable {
     return it == by_name_.end() ? nullptr : features_[it->second].get();
   }
   FeatureState* Get(uint32_t fid) { return fid < features_.size() ? features_[fid].get() : nullptr; }
+  const FeatureState* Get(uint32_t fid) const { return fid < features_.size() ? features_[fid].get() : nullptr; }
   FeatureState* Add(const FeatureDef& def);
   std::vector<FeatureState*> All();
   size_t MemoryBytes() const;

@@ -93,7 +93,7 @@ Status Store::CheckOpen() {
 }
 
 Status Store::FeatureFor(const std::string& name, FeatureDef* def) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = defs_.find(name);
   if (it == defs_.end()) {
     std::string known;
@@ -119,7 +119,7 @@ Status Store::CreateFeature(const std::string& name, const std::string& type, Fe
   ValueType vt;
   uint32_t dim;
   RF_RETURN_IF_ERROR(ParseValueType(type, &vt, &dim));
-  std::lock_guard<std::mutex> wl(write_mu_);
+  MutexLock wl(&write_mu_);
   if (FeatureState* f = features_.Find(name)) {
     if (f->def.type == vt && f->def.dim == dim) {
       *out = f->def;
@@ -145,7 +145,7 @@ Status Store::CreateFeature(const std::string& name, const std::string& type, Fe
   RF_RETURN_IF_ERROR(meta_.Commit(&b));
   pstate_ = next;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     FeatureState* f = features_.Add(d);
     f->index.track_lengths(d.variable());
     if (!o_.accounting) f->index.Defer();  // accounting mode has no pages to materialize from
@@ -161,7 +161,7 @@ Status Store::LookupFeature(const std::string& name, FeatureDef* out) {
 }
 
 std::vector<FeatureDef> Store::Features() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   std::vector<FeatureDef> v;
   for (const auto& [n, d] : defs_) v.push_back(d);
   std::sort(v.begin(), v.end(), [](const FeatureDef& a, const FeatureDef& b) { return a.id < b.id; });
@@ -174,11 +174,12 @@ Status Store::Close() {
   if (closed_) return Status::OK();
   Status s;
   if (o_.read_only) {
-    std::unique_lock<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     closed_ = true;
-    versions_.WaitForNoReaders(l);
+    versions_.AssertHeld();
+    versions_.WaitForNoReadersLocked();
   } else {
-    std::lock_guard<std::mutex> wl(write_mu_);
+    MutexLock wl(&write_mu_);
     if (bg_error_.ok()) s = FlushLocked(true);
     if (s.ok()) TrimFileLocked();
     Status s2 = wal_.Sync();
@@ -189,11 +190,12 @@ Status Store::Close() {
     // Block checksums are a cache of verified page contents: losing them only costs a
     // whole-page read per page later, so a failure to save them does not fail the close.
     if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(StoreFileName(path_, FileKind::kBlockSums));
-    std::unique_lock<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     closed_ = true;
-    versions_.WaitForNoReaders(l);
+    versions_.AssertHeld();
+    versions_.WaitForNoReadersLocked();
+    wal_.Close();
   }
-  wal_.Close();
   file_.Close();
   write_ring_.reset();
   rings_.reset();

@@ -24,8 +24,12 @@
 // Functions named ...Locked say beside their declaration which lock they need. Writer-side
 // tables (features_, pages_, pstate_, the planners) are read and changed under write_mu_;
 // what readers reach (buffer_, defs_, the key indexes, the VersionSet) changes under both
-// write_mu_ and mu_, so readers need only mu_. The annotations (RF_GUARDED_BY, RF_REQUIRES)
-// are Clang thread-safety attributes; they document the rule under GCC.
+// write_mu_ and mu_, so readers need only mu_. The annotations (RF_GUARDED_BY, RF_REQUIRES,
+// RF_ACQUIRED_BEFORE) are Clang thread-safety attributes on the locks of mutex.h: `make
+// tsa-check` (part of `make test`) compiles the engine with -Wthread-safety as errors. The
+// few places where the rule is "written under both, read under either" (WriterBuffer,
+// ReaderFeatures, VersionSet::current) are the documented exceptions the analysis cannot
+// express.
 //
 // Sources by concern: store.cc (lifetime, feature catalog, close), store_open.cc (open,
 // recovery, checkpoint), store_write.cc (group commit, flush, page commit),
@@ -35,7 +39,6 @@
 #pragma once
 #include <atomic>
 #include <cstdlib>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -51,6 +54,7 @@
 #include "reader/csrc/io_ring.h"
 #include "reader/csrc/merger.h"
 #include "reader/csrc/metadata.h"
+#include "reader/csrc/mutex.h"
 #include "reader/csrc/page_file.h"
 #include "reader/csrc/pinner.h"
 #include "reader/csrc/status.h"
@@ -215,30 +219,29 @@ class Store {
   Status OpenImpl(const std::string& path);
   // Feature table, page table and persistent state from RocksDB; *max_pid = one past the
   // highest live page id (0: no pages). Shared by both recovery paths.
-  Status LoadTables(uint32_t* max_pid);
-  Status Recover();
+  Status LoadTables(uint32_t* max_pid) RF_REQUIRES(write_mu_);
+  Status Recover() RF_REQUIRES(write_mu_);
   // Read-only open: metadata and WAL only, no page read (see StoreOptions::read_only).
-  Status RecoverReadOnly();
+  Status RecoverReadOnly() RF_REQUIRES(write_mu_);
   // Read-only handles build the key index (for get() and row gathers) on first use, from
   // the checkpoint when it matches their snapshot, else by reading the live pages.
-  Status EnsureKeyIndex();
+  Status EnsureKeyIndex() RF_EXCLUDES(write_mu_);
   // The feature's key index, decoded from its checkpoint bytes on first use (FeatureState::
   // index_lazy). Thread-safe; call before touching f->index.
   Status LoadIndex(FeatureState* f);
   FeatureState* FeatureStateFor(uint32_t fid);
-  // Needs write_mu_ and mu_ (or the open, before the store is shared).
-  void ResetDerivedLocked();
+  void ResetDerivedLocked() RF_REQUIRES(write_mu_, mu_);
   Status CheckWritable();
   // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
   // or the file is corrupt (the original status).
   Status ExplainReadFailure(const Status& s);
-  Status RebuildFromPages();
+  Status RebuildFromPages() RF_REQUIRES(write_mu_);
   // Clean-shutdown checkpoint of the derived state (key indexes, valid counts), so a clean
   // reopen need not read every page. Consumed (deleted) at open: it only ever describes the
   // exact state at close, and a crash afterwards always falls back to RebuildFromPages.
-  Status WriteCheckpoint();
-  bool LoadCheckpoint();
-  Status ReplayWal(uint64_t* max_number);
+  Status WriteCheckpoint() RF_REQUIRES(write_mu_);
+  bool LoadCheckpoint() RF_REQUIRES(write_mu_);
+  Status ReplayWal(uint64_t* max_number) RF_REQUIRES(write_mu_);
 
   Status Write(WriteOp* w);
   // The writer side: every ...Locked function below needs write_mu_ held (they take mu_
@@ -292,26 +295,35 @@ class Store {
   std::once_flag block_sums_loaded_;
 
   // Writer side (guarded by write_mu_).
-  std::mutex write_mu_ RF_ACQUIRED_BEFORE(lazy_mu_);
-  std::mutex lazy_mu_ RF_ACQUIRED_BEFORE(mu_);  // decoding lazily loaded key indexes
+  Mutex write_mu_ RF_ACQUIRED_BEFORE(lazy_mu_);
+  Mutex lazy_mu_ RF_ACQUIRED_BEFORE(mu_);  // decoding lazily loaded key indexes
   WalWriter wal_ RF_GUARDED_BY(write_mu_);
   uint64_t wal_number_ RF_GUARDED_BY(write_mu_) = 0;
   PersistentState pstate_ RF_GUARDED_BY(write_mu_);
-  FeatureTable features_;
-  LogicalPageTable pages_;
+  FeatureTable features_ RF_GUARDED_BY(write_mu_);
+  LogicalPageTable pages_ RF_GUARDED_BY(write_mu_);
   Pinner pinner_ RF_GUARDED_BY(write_mu_);
   Merger merger_ RF_GUARDED_BY(write_mu_);
   Reclaimer reclaimer_ RF_GUARDED_BY(write_mu_);
   Status bg_error_ RF_GUARDED_BY(write_mu_);
-  std::vector<AlignedBuffer> write_blocks_;                  // page staging for writes, reused
+  std::vector<AlignedBuffer> write_blocks_ RF_GUARDED_BY(write_mu_);                  // page staging for writes, reused
 
   // Group commit queue.
-  std::mutex queue_mu_;
+  Mutex queue_mu_;
   std::deque<WriteOp*> writers_ RF_GUARDED_BY(queue_mu_);
 
   // Shared with readers (guarded by mu_).
-  std::mutex mu_;
+  Mutex mu_;
   WriteBuffer buffer_ RF_GUARDED_BY(mu_);
+  // The writer reads the buffer holding write_mu_ alone: only the writer changes it, and it
+  // changes it holding both locks, so a read under write_mu_ races with nothing. Read-only.
+  const WriteBuffer& WriterBuffer() const RF_REQUIRES(write_mu_) RF_NO_THREAD_SAFETY_ANALYSIS { return buffer_; }
+  // The mirror image for the feature table: features are added holding both locks, and a
+  // FeatureState's key index changes holding both, so readers may look them up under mu_.
+  const FeatureTable& ReaderFeatures() const RF_REQUIRES(mu_) RF_NO_THREAD_SAFETY_ANALYSIS { return features_; }
+  // A read-only handle's page seqs, which its readers compare with each page they read: set
+  // at the open and never changed (EnsureKeyIndex changes only valid counts), so unlocked.
+  uint64_t OpenedPageSeq(uint32_t pid) const RF_NO_THREAD_SAFETY_ANALYSIS { return pages_.at(pid).seq; }
   VersionSet versions_{&mu_};
   std::map<std::string, FeatureDef> defs_ RF_GUARDED_BY(mu_);  // name -> definition (readers resolve names here)
   // The key index already describes pages of a version not yet installed (between a flush's
@@ -324,14 +336,17 @@ class Store {
   // Feature scans resolved through the key index, and those that fell back to the k-way
   // merge because the index and the snapshot's pages disagreed (a writer mid-install).
   std::atomic<uint64_t> index_merges_{0}, index_merge_fallbacks_{0};
-  uint64_t flushes_ = 0;  // lifetime byte counters live in pstate_
-  uint64_t punch_failures_ = 0;  // hole punches that failed (best effort, see ReleasePendingLocked)
+  uint64_t flushes_ RF_GUARDED_BY(write_mu_) = 0;  // lifetime byte counters live in pstate_
+  uint64_t punch_failures_ RF_GUARDED_BY(write_mu_) = 0;  // hole punches that failed (best effort, see ReleasePendingLocked)
   std::atomic<double> encoded_bytes_read_{0};
-  uint64_t flush_pages_written_ = 0;
-  uint64_t recovered_wal_records_ = 0;
-  bool opened_from_checkpoint_ = false;
-  bool key_index_ready_ = true;  // false on a read-only handle until EnsureKeyIndex
-  double recovery_seconds_ = 0;
+  uint64_t flush_pages_written_ RF_GUARDED_BY(write_mu_) = 0;
+  uint64_t recovered_wal_records_ RF_GUARDED_BY(write_mu_) = 0;
+  bool opened_from_checkpoint_ RF_GUARDED_BY(write_mu_) = false;
+  // pstate_.next_seq as the open found it (set before the store is shared, then constant): a
+  // read-only handle's snapshot, which readers compare without the writer's lock.
+  uint64_t opened_seq_ = 0;
+  bool key_index_ready_ RF_GUARDED_BY(write_mu_) = true;  // false on a read-only handle until EnsureKeyIndex
+  double recovery_seconds_ RF_GUARDED_BY(write_mu_) = 0;
 };
 
 }  // namespace recflash

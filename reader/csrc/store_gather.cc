@@ -106,7 +106,7 @@ class Store::Gather {
 };
 
 Status Store::Gather::Resolve() {
-  std::lock_guard<std::mutex> l(s_->mu_);
+  MutexLock l(&s_->mu_);
   if (s_->closed_) return Status::Closed("store '" + s_->path_ + "' is closed");
   for (size_t r = 0; r < nr; r++) {
     const GatherRequest& q = reqs[r];
@@ -116,7 +116,7 @@ Status Store::Gather::Resolve() {
     loc.assign(q.n, kNone);
     FeatureBuffer* fb = s_->buffer_.find(def.id);
     if (fb) fb->Normalize();
-    const FeatureState* f = s_->features_.Get(def.id);
+    const FeatureState* f = s_->ReaderFeatures().Get(def.id);
     size_t hint = 0, j = 0;
     for (size_t i = 0; i < q.n; i++) {
       if (fb) {
@@ -146,6 +146,7 @@ Status Store::Gather::Resolve() {
       loc[i] = f->index.loc(static_cast<size_t>(pos));
     }
   }
+  s_->versions_.AssertHeld();
   v = s_->versions_.RegisterLocked();
   return Status::OK();
 }
@@ -306,7 +307,7 @@ Status Store::Gather::ReadWholePages() {
   RingLease ring(s_->rings_.get());
   RF_RETURN_IF_ERROR(ring.Acquire());
   Status rs = s_->ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
-    if (s_->o_.read_only && pv.seq() != s_->pages_.at(pid).seq)
+    if (s_->o_.read_only && pv.seq() != s_->OpenedPageSeq(pid))
       return Status::Stale("store '" + s_->path_ + "': page " + std::to_string(pid) + " of '" + s_->pages_path_ +
                            "' was rewritten by a writer since this read-only handle opened; reopen the store");
     // Pages complete in any order (io_uring), so find this page's rows by search.
@@ -394,8 +395,9 @@ Status Store::VerifyRows(const std::string& name, uint64_t* pages_read) {
   if (!sums) return Status::OK();
   std::shared_ptr<const Version> v;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    versions_.AssertHeld();
     v = versions_.RegisterLocked();
   }
   VersionSet::Reader guard(&versions_, v->number);

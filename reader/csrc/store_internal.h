@@ -63,7 +63,7 @@ struct Store::WriteOp {
   bool sync = false;
   bool done = false;
   Status status;
-  std::condition_variable cv;
+  CondVar cv;  // waited on with the Store's queue_mu_
 };
 
 struct Store::Rec {

@@ -123,6 +123,7 @@ Status Store::OpenImpl(const std::string& path) {
     rings_ = std::make_unique<IoRingPool>(o_.queue_depth, slot_bytes);
     RF_RETURN_IF_ERROR(IoRing::Create(o_.queue_depth, slot_bytes, &write_ring_));
     block_rings_ = std::make_unique<IoRingPool>(128, 4096);
+    MutexLock wl(&write_mu_);  // nothing else can reach the store yet; the tables' rule holds anyway
     return RecoverReadOnly();
   }
 
@@ -153,12 +154,14 @@ Status Store::OpenImpl(const std::string& path) {
   // in flight was no faster (fio and the raw io_uring reference at QD256 trailed QD128).
   block_rings_ = std::make_unique<IoRingPool>(128, 4096);
   if (o_.verify_block_reads && !o_.accounting) block_sums_ = std::make_unique<BlockSums>(o_.page_size, block_size_);
+  MutexLock wl(&write_mu_);  // nothing else can reach the store yet; the tables' rule holds anyway
   return Recover();
 }
 
 Status Store::LoadTables(uint32_t* max_pid) {
   bool found = false;
   RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
+  opened_seq_ = pstate_.next_seq;
   if (!found && !o_.accounting) {
     // The state record is committed with the first feature and every flush: pages without
     // it mean RocksDB lost committed records (a damaged or truncated log or table), not a
@@ -174,6 +177,7 @@ Status Store::LoadTables(uint32_t* max_pid) {
   for (const auto& d : defs) {
     FeatureState* f = features_.Add(d);
     f->index.track_lengths(d.variable());
+    MutexLock l(&mu_);
     defs_[d.name] = d;
   }
   std::vector<std::pair<uint32_t, PageMeta>> pages;
@@ -218,7 +222,11 @@ Status Store::Recover() {
   wal_number_ = std::max(max_no, pstate_.wal_start - 1) + 1;
   RF_RETURN_IF_ERROR(wal_.Open(WalFileName(wal_dir_, wal_number_)));
   RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
-  versions_.InstallLocked(BuildVersion(1, features_, pages_));  // no reader yet: mu_ not needed
+  {
+    MutexLock l(&mu_);  // no reader yet, but the rule for what readers reach holds anyway
+    versions_.AssertHeld();
+    versions_.InstallLocked(BuildVersion(1, features_, pages_));
+  }
   recovery_seconds_ = Now() - t0;
   // A replayed buffer at or above write_buffer_bytes is flushed by the next write, not here:
   // the store must open (to be read, and to take the deletes that free space) also on a full
@@ -230,7 +238,10 @@ Status Store::RecoverReadOnly() {
   const double t0 = Now();
   uint32_t max_pid = 0;
   RF_RETURN_IF_ERROR(LoadTables(&max_pid));
-  ResetDerivedLocked();
+  {
+    MutexLock l(&mu_);
+    ResetDerivedLocked();
+  }
   // Derived state without reading pages: every record of a non-retired segment is taken as
   // valid. Counts in stats() are then upper bounds until EnsureKeyIndex() runs.
   for (uint32_t p = 0; p < pages_.slots(); p++) {
@@ -252,7 +263,11 @@ Status Store::RecoverReadOnly() {
   key_index_ready_ = false;
   uint64_t max_no = 0;
   RF_RETURN_IF_ERROR(ReplayWal(&max_no));
-  versions_.InstallLocked(BuildVersion(1, features_, pages_));  // no reader yet: mu_ not needed
+  {
+    MutexLock l(&mu_);  // no reader yet, but the rule for what readers reach holds anyway
+    versions_.AssertHeld();
+    versions_.InstallLocked(BuildVersion(1, features_, pages_));
+  }
   recovery_seconds_ = Now() - t0;
   return Status::OK();
 }
@@ -263,6 +278,7 @@ void Store::ResetDerivedLocked() {
     f->index.track_lengths(f->def.variable());
     f->index_lazy = false;
     f->index_blob.clear();
+    f->index_ranges.clear();
     f->pages.clear();
     f->live_items = f->live_bytes = f->tombs = 0;
   }
@@ -274,10 +290,10 @@ void Store::ResetDerivedLocked() {
 }
 
 Status Store::EnsureKeyIndex() {
-  std::lock_guard<std::mutex> wl(write_mu_);
+  MutexLock wl(&write_mu_);
   if (key_index_ready_) return Status::OK();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     ResetDerivedLocked();
   }
   // The checkpoint describes the state at a writer's clean close; it is used only when its
@@ -288,19 +304,20 @@ Status Store::EnsureKeyIndex() {
     if (!s.ok()) return ExplainReadFailure(s);
   }
   auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
+  versions_.AssertHeld();
   versions_.InstallLocked(v);
   key_index_ready_ = true;
   return Status::OK();
 }
 
 FeatureState* Store::FeatureStateFor(uint32_t fid) {
-  std::lock_guard<std::mutex> l(mu_);
-  return features_.Get(fid);
+  MutexLock l(&mu_);
+  return const_cast<FeatureState*>(ReaderFeatures().Get(fid));  // LoadIndex fills it, under lazy_mu_
 }
 
 Status Store::LoadIndex(FeatureState* f) {
-  std::lock_guard<std::mutex> l(lazy_mu_);
+  MutexLock l(&lazy_mu_);
   if (!f->index_lazy) return Status::OK();
   const char* p = f->index_blob.data();
   const char* end = p + f->index_blob.size();
@@ -308,28 +325,32 @@ Status Store::LoadIndex(FeatureState* f) {
   if (!idx.Deserialize(&p, end) || p != end)
     return Status::Corruption("checkpoint key index of feature '" + f->def.name + "' in '" + path_ +
                               "' does not decode");
-  {
-    std::lock_guard<std::mutex> ml(mu_);  // get() reads indexes under mu_
-    // Each key must fall in the key range of the segment its location names (LoadCheckpoint
-    // checked the locations and counts; the keys are only decoded here).
-    const SegMeta* sm = nullptr;
-    uint32_t last = UINT32_MAX;
-    for (size_t i = 0; i < idx.size(); i++) {
-      const uint32_t pid = idx.loc(i) & ~KeyIndex::kTomb;
-      if (pid != last) {
-        last = pid;
-        sm = pid < pages_.slots() ? pages_.at(pid).seg(f->def.id) : nullptr;
-      }
-      const uint64_t k = idx.key(i);
-      if (!sm || k < sm->min_key || k > sm->max_key)
-        return Status::Corruption("checkpoint key index of feature '" + f->def.name + "' in '" + path_ +
-                                  "' places key " + std::to_string(k) + " in page " + std::to_string(pid) +
-                                  ", whose segment does not cover it");
+  // Each key must fall in the key range of the segment its location names (LoadCheckpoint
+  // checked the locations and counts; the keys are only decoded here).
+  const std::vector<FeatureState::SegmentRange>& ranges = f->index_ranges;
+  const FeatureState::SegmentRange* r = nullptr;
+  uint32_t last = UINT32_MAX;
+  for (size_t i = 0; i < idx.size(); i++) {
+    const uint32_t pid = idx.loc(i) & ~KeyIndex::kTomb;
+    if (pid != last) {
+      last = pid;
+      auto it = std::lower_bound(ranges.begin(), ranges.end(), pid,
+                                 [](const FeatureState::SegmentRange& x, uint32_t p) { return x.page < p; });
+      r = it != ranges.end() && it->page == pid ? &*it : nullptr;
     }
+    const uint64_t k = idx.key(i);
+    if (!r || k < r->min_key || k > r->max_key)
+      return Status::Corruption("checkpoint key index of feature '" + f->def.name + "' in '" + path_ +
+                                "' places key " + std::to_string(k) + " in page " + std::to_string(pid) +
+                                ", whose segment does not cover it");
+  }
+  {
+    MutexLock ml(&mu_);  // get() reads indexes under mu_
     f->index = std::move(idx);
     f->index_lazy = false;
   }
   std::string().swap(f->index_blob);
+  std::vector<FeatureState::SegmentRange>().swap(f->index_ranges);
   return Status::OK();
 }
 
@@ -340,7 +361,7 @@ Status Store::ExplainReadFailure(const Status& s) {
   // twice, since a writer commits its metadata only after its pages are durable.
   for (int i = 0; i < 2; i++) {
     PersistentState now;
-    if (MetaStore::ReadCurrentState(StoreFileName(path_, FileKind::kMetaDir), &now).ok() && now.next_seq != pstate_.next_seq)
+    if (MetaStore::ReadCurrentState(StoreFileName(path_, FileKind::kMetaDir), &now).ok() && now.next_seq != opened_seq_)
       return Status::Stale("store '" + path_ + "' was changed by a writer since this read-only handle opened (" +
                            s.message() + "); reopen the store to read the current data");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -420,7 +441,7 @@ Status Store::RebuildFromPages() {
     live_read = live;
   }
   std::vector<uint64_t> keys;
-  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+  auto cb = [&](uint32_t pid, const PageView& pv) RF_REQUIRES(write_mu_) -> Status {
     PageMeta& pm = pages_.at(pid);
     if (pv.seq() != pm.seq)
       return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' has seq " +
@@ -736,9 +757,16 @@ bool Store::LoadCheckpoint() {
     for (size_t i = 0; i < v.size(); i++) {
       pm.segs[i].valid = v[i].first;
       pm.segs[i].valid_bytes = v[i].second;
-      if (!pm.segs[i].retired && pm.segs[i].valid > 0) features_.Get(pm.segs[i].fid)->pages.push_back(pid);
+      const SegMeta& sm = pm.segs[i];
+      if (sm.retired || sm.valid == 0) continue;
+      FeatureState* st = features_.Get(sm.fid);
+      st->pages.push_back(pid);
+      st->index_ranges.push_back({pid, sm.min_key, sm.max_key});
     }
   }
+  for (FeatureState* st : features_.All())
+    std::sort(st->index_ranges.begin(), st->index_ranges.end(),
+              [](const FeatureState::SegmentRange& a, const FeatureState::SegmentRange& b) { return a.page < b.page; });
   return true;
 }
 
@@ -764,12 +792,13 @@ Status Store::ReplayWal(uint64_t* max_number) {
     bool torn = false;
     RF_RETURN_IF_ERROR(ReadWalFile(
         name,
-        [&](uint8_t type, const std::string& p) -> Status {
+        [&](uint8_t type, const std::string& p) RF_REQUIRES(write_mu_) -> Status {
           if (type != kWalBatch) return Status::Corruption("unknown WAL record type in '" + name + "'");
           DecodedBatch d;
           RF_RETURN_IF_ERROR(DecodeBatch(p, name, &d));
           if (!features_.Get(d.fid))
             return Status::Corruption("WAL record in '" + name + "' names unknown feature id " + std::to_string(d.fid));
+          MutexLock l(&mu_);
           buffer_.feature(d.fid).Append(d.keys.data(), d.n, d.values, d.offsets.empty() ? nullptr : d.offsets.data(),
                                         d.width, d.is_delete());
           recovered_wal_records_++;

@@ -142,13 +142,14 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   {
     // The buffered items and the index copies are taken with the version under mu_, so all
     // describe the same state.
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    versions_.AssertHeld();
     v = versions_.RegisterLocked();
     for (ScanFeature& sf : fs) {
       if (FeatureBuffer* fb = buffer_.find(sf.def.id)) fb->CopyRange(lo, hi, &sf.buf);
       if (index_ahead_ || o_.accounting || v->refs(sf.def.id).empty()) continue;
-      const FeatureState* f = features_.Get(sf.def.id);
+      const FeatureState* f = ReaderFeatures().Get(sf.def.id);
       if (!f || f->index.dense()) continue;  // dense keys: the scatter merge is as fast
       if (!Overlapping(v->refs(sf.def.id))) continue;  // direct placement or a plain concatenation
       f->index.CopyRange(lo, hi, &sf.ikeys, &sf.ilocs);
@@ -261,8 +262,9 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   std::unordered_map<uint32_t, std::vector<uint32_t>> want;  // page -> positions in uk
   bool deferred = false;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
+    versions_.AssertHeld();
     v = versions_.RegisterLocked();
     if (FeatureBuffer* fb = buffer_.find(def.id)) {
       fb->Normalize();
@@ -279,7 +281,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
         }
       }
     }
-    const FeatureState* f = features_.Get(def.id);
+    const FeatureState* f = ReaderFeatures().Get(def.id);
     deferred = f->index.deferred();
     size_t hint = 0;
     for (size_t i = 0; i < uk.size(); i++) {
@@ -305,7 +307,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   std::vector<uint64_t> tmp;
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     // (pages_ is immutable on a read-only handle once its key index is built.)
-    if (o_.read_only && pv.seq() != pages_.at(pid).seq)
+    if (o_.read_only && pv.seq() != OpenedPageSeq(pid))
       return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
                            "' was rewritten by a writer since this read-only handle opened; reopen the store");
     SegmentView sv;
@@ -375,7 +377,7 @@ Status Store::KeyRanges(const std::string& name, std::vector<PageRef>* out) {
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
   std::shared_ptr<const Version> v;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     v = versions_.current();
   }
   out->clear();
@@ -388,7 +390,7 @@ Status Store::AccountScan(const std::string& name, ReadStats* st) {
   RF_RETURN_IF_ERROR(CheckOpen());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
-  std::lock_guard<std::mutex> wl(write_mu_);  // the tables belong to the writer side
+  MutexLock wl(&write_mu_);  // the tables belong to the writer side
   const FeatureState* f = features_.Get(def.id);
   double encoded = 0;
   for (uint32_t p : f->pages)

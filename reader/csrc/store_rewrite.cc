@@ -37,7 +37,7 @@ Status Store::Compact(const std::vector<std::string>& names) {
     RF_RETURN_IF_ERROR(FeatureFor(n, &d));
     defs.push_back(d);
   }
-  std::lock_guard<std::mutex> wl(write_mu_);
+  MutexLock wl(&write_mu_);
   RF_RETURN_IF_ERROR(FlushLocked(true));
   if (names.empty())
     for (FeatureState* f : features_.All()) defs.push_back(f->def);
@@ -104,7 +104,7 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   std::vector<uint8_t> arena;
   std::map<uint32_t, std::set<uint32_t>> src_pages;  // fid -> pages its records leave
   std::vector<uint64_t> keys;
-  auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
+  auto cb = [&](uint32_t pid, const PageView& pv) RF_REQUIRES(write_mu_) -> Status {
     const auto& wf = want[pid];
     const bool all = std::find(wf.begin(), wf.end(), MoveTask::kAllFeatures) != wf.end();
     for (uint32_t si = 0; si < pv.nseg(); si++) {
@@ -197,7 +197,7 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   std::set<uint32_t> dirty, freed;
   uint64_t pw = 0;
   RF_RETURN_IF_ERROR(WriteRecordsLocked({}, recs, &dirty, &freed, &pw));
-  std::unique_lock<std::mutex> index_lock(mu_);
+  MutexLock index_lock(&mu_);
   index_ahead_ = true;
   for (auto& [fid, positions] : drop) {
     FeatureState* f = features_.Get(fid);
@@ -205,11 +205,12 @@ Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
     for (size_t pos : positions) InvalidateLocked(f, pos, &dirty, &freed);
     f->index.Erase(positions);
   }
-  index_lock.unlock();
+  index_lock.Unlock();
   RF_RETURN_IF_ERROR(CommitLocked(dirty, freed));
   {
     auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
+    versions_.AssertHeld();
     versions_.InstallLocked(v, freed);
     index_ahead_ = false;
   }

@@ -78,7 +78,7 @@ class JsonWriter {
 // Statistics
 
 std::string Store::StatsJson() {
-  std::lock_guard<std::mutex> wl(write_mu_);  // the tables belong to the writer side
+  MutexLock wl(&write_mu_);  // the tables belong to the writer side
   const uint32_t ps = o_.page_size;
   uint64_t live_items = 0, live_bytes = 0, tombs = 0, buffered_items = 0, buffered_bytes = 0;
   for (FeatureState* f : features_.All()) {
@@ -87,7 +87,7 @@ std::string Store::StatsJson() {
     tombs += f->tombs;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     buffered_items = buffer_.items();
     buffered_bytes = buffer_.bytes();
   }

@@ -89,9 +89,9 @@ Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n)
 }
 
 Status Store::Write(WriteOp* w) {
-  std::unique_lock<std::mutex> ql(queue_mu_);
+  MutexLock ql(&queue_mu_);
   writers_.push_back(w);
-  while (!w->done && writers_.front() != w) w->cv.wait(ql);
+  while (!w->done && writers_.front() != w) w->cv.Wait(&queue_mu_);
   if (w->done) return w->status;
   // This writer leads a group: everything queued behind it goes into one WAL write.
   std::vector<WriteOp*> group;
@@ -101,11 +101,11 @@ Status Store::Write(WriteOp* w) {
     group.push_back(x);
     bytes += x->payload_bytes;
   }
-  ql.unlock();
+  ql.Unlock();
 
   Status s;
   {
-    std::lock_guard<std::mutex> wl(write_mu_);
+    MutexLock wl(&write_mu_);
     s = closed_ ? Status::Closed("store '" + path_ + "' is closed") : bg_error_;
     bool sync = o_.sync_on_write;
     const bool logged = !o_.accounting && !o_.bulk_load;
@@ -125,34 +125,34 @@ Status Store::Write(WriteOp* w) {
       if (!s.ok()) bg_error_ = s;
     }
     if (s.ok()) {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       for (WriteOp* x : group)
         buffer_.feature(x->fid).Append(x->keys, x->n, x->values, x->offsets, x->width, x->tomb);
     }
     if (s.ok()) {
       uint64_t buffered;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         buffered = buffer_.bytes();
       }
       if (buffered >= o_.write_buffer_bytes) s = FlushLocked(o_.bulk_load);
     }
   }
 
-  ql.lock();
+  ql.Lock();
   for (WriteOp* x : group) {
     writers_.pop_front();
     x->status = s;
     x->done = true;
-    if (x != w) x->cv.notify_one();
+    if (x != w) x->cv.Signal();
   }
-  if (!writers_.empty()) writers_.front()->cv.notify_one();
+  if (!writers_.empty()) writers_.front()->cv.Signal();
   return s;
 }
 
 Status Store::Sync() {
   RF_RETURN_IF_ERROR(CheckWritable());
-  std::lock_guard<std::mutex> wl(write_mu_);
+  MutexLock wl(&write_mu_);
   RF_RETURN_IF_ERROR(bg_error_);
   // Bulk-load mode has no log to sync: the buffer itself goes to pages.
   if (o_.bulk_load) return FlushLocked(true);
@@ -163,7 +163,7 @@ Status Store::Sync() {
 
 Status Store::Flush(bool force) {
   RF_RETURN_IF_ERROR(CheckWritable());
-  std::lock_guard<std::mutex> wl(write_mu_);
+  MutexLock wl(&write_mu_);
   // Bulk-load mode never pins: unlogged items held back would not be durable after flush().
   RF_RETURN_IF_ERROR(FlushLocked(force || o_.bulk_load));
   TrimFileLocked();
@@ -175,7 +175,7 @@ Status Store::FlushLocked(bool force) {
   std::vector<uint32_t> write_fids;
   std::set<uint32_t> pinned;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     std::vector<PinCandidate> cands;
     for (auto& [fid, fb] : buffer_.all()) {
       fb.Normalize();
@@ -200,7 +200,7 @@ Status Store::FlushLocked(bool force) {
   if (s.ok() && rotate) {
     for (uint32_t fid : pinned) {
       std::vector<std::string> payloads;
-      EncodeBuffered(fid, features_.Get(fid)->def.fixed_width(), buffer_.find(fid)->items(), &payloads);
+      EncodeBuffered(fid, features_.Get(fid)->def.fixed_width(), WriterBuffer().find(fid)->items(), &payloads);
       for (const auto& p : payloads)
         if (s.ok()) s = wal_.Append(kWalBatch, p);
     }
@@ -223,7 +223,7 @@ Status Store::FlushLocked(bool force) {
   std::vector<Rec> recs;
   for (uint32_t fid : write_fids) {
     FeatureState* f = features_.Get(fid);
-    const BufferedItems& b = buffer_.find(fid)->items();
+    const BufferedItems& b = WriterBuffer().find(fid)->items();
     f->touched = true;
     if (f->index.deferred() && IsAppend(f, b)) {
       uint64_t bytes = 0;
@@ -260,10 +260,11 @@ Status Store::FlushLocked(bool force) {
     // Install: the flushed items leave the buffer in the same step that the version naming
     // their pages appears, so readers see them exactly once.
     auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (uint32_t fid : write_fids) buffer_.find(fid)->Clear();
     buffer_.TrimCapacity(o_.write_buffer_bytes);
     for (uint32_t fid : pinned) buffer_.find(fid)->pinned_flushes++;
+    versions_.AssertHeld();
     versions_.InstallLocked(v, freed);
     index_ahead_ = false;
   }
@@ -363,7 +364,7 @@ Status Store::MaterializeIndexLocked(FeatureState* f) {
     n[i] = recs[i].len;
   }
   std::vector<R>().swap(recs);
-  std::lock_guard<std::mutex> index_lock(mu_);  // get() reads the key index under mu_
+  MutexLock index_lock(&mu_);  // get() reads the key index under mu_
   f->index.Undefer();
   f->index.InsertNew(k, l, n);
   return Status::OK();
@@ -382,10 +383,10 @@ Status Store::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector
   std::vector<uint32_t> rec_page(recs.size());
   PageBuilder pb(ps, o_.compact_pages && !o_.accounting);
   AlignedBuffer scratch(o_.accounting ? ps : 0);  // accounting: pages are built, not kept
-  auto page_ptr = [&](size_t i) {
+  auto page_ptr = [&](size_t i) RF_REQUIRES(write_mu_) {
     return o_.accounting ? scratch.data() : blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps);
   };
-  auto finish = [&]() {
+  auto finish = [&]() RF_REQUIRES(write_mu_) {
     const size_t i = summaries.size();
     if (!o_.accounting && i % kBlockPages == 0 && ++blocks_used > blocks.size())
       blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
@@ -433,7 +434,7 @@ Status Store::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector
   // The pages are durable: update the tables (committed to RocksDB by the caller).
   UpdateTablesLocked(recs, rec_page, ids, summaries, seqs, dirty, freed);
   if (!runs.empty()) {
-    std::lock_guard<std::mutex> index_lock(mu_);
+    MutexLock index_lock(&mu_);
     for (const AppendRun& run : runs) {
       FeatureState* f = features_.Get(run.fid);
       f->live_items += run.items->size();
@@ -493,7 +494,7 @@ void Store::UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<u
   }
   std::vector<uint64_t> new_keys;
   std::vector<uint32_t> new_locs, new_lens;
-  std::lock_guard<std::mutex> index_lock(mu_);  // get() reads the key index under mu_
+  MutexLock index_lock(&mu_);  // get() reads the key index under mu_
   index_ahead_ = true;                          // until the caller installs the new version
   for (size_t r = 0; r < recs.size(); r++) {
     const Rec& x = recs[r];
@@ -539,7 +540,7 @@ void Store::TrimFileLocked() {
   if (o_.accounting || o_.read_only) return;
   uint32_t slots;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     slots = pages_.TrimFreeTail();
   }
   if (!file_.Truncate(slots).ok()) punch_failures_++;

@@ -51,7 +51,7 @@ void VersionSet::InstallLocked(std::shared_ptr<const Version> v, const std::set<
 std::vector<uint32_t> VersionSet::TakeReleasable() {
   std::vector<uint32_t> release;
   {
-    std::lock_guard<std::mutex> l(*mu_);
+    MutexLock l(mu_);
     const uint64_t oldest = readers_.empty() ? UINT64_MAX : *readers_.begin();
     auto it = std::partition(pending_free_.begin(), pending_free_.end(),
                              [&](const std::pair<uint64_t, uint32_t>& e) { return e.first > oldest; });
@@ -62,14 +62,14 @@ std::vector<uint32_t> VersionSet::TakeReleasable() {
   return release;
 }
 
-void VersionSet::WaitForNoReaders(std::unique_lock<std::mutex>& l) {
-  readers_cv_.wait(l, [&] { return readers_.empty(); });
+void VersionSet::WaitForNoReadersLocked() {
+  while (!readers_.empty()) readers_cv_.Wait(mu_);
 }
 
 void VersionSet::Unregister(uint64_t number) {
-  std::lock_guard<std::mutex> l(*mu_);
+  MutexLock l(mu_);
   readers_.erase(readers_.find(number));
-  readers_cv_.notify_all();
+  readers_cv_.SignalAll();
 }
 
 }  // namespace recflash

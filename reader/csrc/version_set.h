@@ -11,15 +11,14 @@
 // mu_ (readers take the view together with the buffered items under it, so both describe the
 // same state). Functions ending in Locked need it held; the others take it.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "reader/csrc/metadata.h"
+#include "reader/csrc/mutex.h"
 #include "reader/csrc/thread_annotations.h"
 
 namespace recflash {
@@ -53,7 +52,7 @@ std::shared_ptr<const Version> BuildVersion(uint64_t number, FeatureTable& featu
 
 class VersionSet {
  public:
-  explicit VersionSet(std::mutex* mu) : mu_(mu) {}
+  explicit VersionSet(Mutex* mu) : mu_(mu) {}
 
   // Unregisters a reader when it goes out of scope.
   class Reader {
@@ -68,25 +67,29 @@ class VersionSet {
     uint64_t number_;
   };
 
-  // The current version. Needs mu_, or the writer's own lock: only the writer installs.
-  const std::shared_ptr<const Version>& current() const { return current_; }
-  // The current version, registered for a reader (wrap the number in a Reader). Needs mu_.
-  std::shared_ptr<const Version> RegisterLocked();
-  // Makes v current; `freed` pages (dropped by v) are pending until TakeReleasable. Needs mu_.
-  void InstallLocked(std::shared_ptr<const Version> v, const std::set<uint32_t>& freed = {});
+  // The current version. Needs mu_, or the writer's own lock: only the writer installs, and
+  // it installs holding both. Unchecked, since the analysis cannot express "either lock".
+  const std::shared_ptr<const Version>& current() const RF_NO_THREAD_SAFETY_ANALYSIS { return current_; }
+  // The current version, registered for a reader (wrap the number in a Reader).
+  std::shared_ptr<const Version> RegisterLocked() RF_REQUIRES(mu_);
+  // Makes v current; `freed` pages (dropped by v) are pending until TakeReleasable.
+  void InstallLocked(std::shared_ptr<const Version> v, const std::set<uint32_t>& freed = {}) RF_REQUIRES(mu_);
+  // The Store holds its mu_, the mutex this set was built with: the analysis cannot see that
+  // the two names are one lock, so the Store states it right after taking mu_.
+  void AssertHeld() const RF_ASSERT_CAPABILITY(mu_) {}
   // Removes and returns (ascending) the pending pages no registered reader can still see.
-  std::vector<uint32_t> TakeReleasable();
-  // Blocks until no reader is registered; `l` holds mu_.
-  void WaitForNoReaders(std::unique_lock<std::mutex>& l);
+  std::vector<uint32_t> TakeReleasable() RF_EXCLUDES(mu_);
+  // Blocks until no reader is registered. Needs mu_.
+  void WaitForNoReadersLocked() RF_REQUIRES(mu_);
 
  private:
-  void Unregister(uint64_t number);
+  void Unregister(uint64_t number) RF_EXCLUDES(mu_);
 
-  std::mutex* const mu_;
-  std::condition_variable readers_cv_;
-  std::shared_ptr<const Version> current_;
-  std::multiset<uint64_t> readers_;                          // registered version numbers
-  std::vector<std::pair<uint64_t, uint32_t>> pending_free_;  // (version that dropped it, page)
+  Mutex* const mu_;
+  CondVar readers_cv_;
+  std::shared_ptr<const Version> current_ RF_GUARDED_BY(mu_);
+  std::multiset<uint64_t> readers_ RF_GUARDED_BY(mu_);  // registered version numbers
+  std::vector<std::pair<uint64_t, uint32_t>> pending_free_ RF_GUARDED_BY(mu_);  // (version that dropped it, page)
 };
 
 }  // namespace recflash

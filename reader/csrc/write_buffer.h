@@ -54,6 +54,10 @@ class WriteBuffer {
     auto it = features_.find(fid);
     return it == features_.end() ? nullptr : &it->second;
   }
+  const FeatureBuffer* find(uint32_t fid) const {
+    auto it = features_.find(fid);
+    return it == features_.end() ? nullptr : &it->second;
+  }
   std::map<uint32_t, FeatureBuffer>& all() { return features_; }
   uint64_t bytes() const;
   uint64_t items() const;

@@ -260,3 +260,67 @@ def test_concurrent_writers_threads(store_path):
     with Store.open(store_path, opts) as s:
         t = s.scan("w")
         assert dict(zip(t.column("key").to_pylist(), t.column("value").to_pylist())) == want
+
+
+def test_lazy_index_loads_while_writer_grows_page_table(store_path):
+    """After a clean reopen each feature's key index is decoded on first use (from the
+    checkpoint). Readers doing that first decode must not read the writer's page table, which
+    a concurrent flush of another feature grows (make tsan-test runs this under TSan). Every
+    read must still return the feature's exact contents."""
+    opts = small_options(write_buffer_bytes=64 << 10)
+    rng = np.random.default_rng(5)
+    want = {}
+    with Store.open(store_path, opts) as s:
+        for f in range(24):
+            name = f"lazy{f}"
+            s.create_feature(name, "int64")
+            keys = np.unique(rng.integers(0, 1 << 40, 3000)).astype(np.uint64)
+            s.put(name, keys, keys.astype(np.int64) + f)
+            # an overlapping update, so the reads go through the key index
+            upd = keys[::7]
+            s.put(name, upd, upd.astype(np.int64) * 3 + f)
+            vals = keys.astype(np.int64) + f
+            vals[::7] = upd.astype(np.int64) * 3 + f
+            want[name] = (keys, vals)
+        s.create_feature("grow", "int64")
+    with Store.open(store_path, opts) as s:
+        assert s.stats()["opened_from_checkpoint"]
+        errors = []
+        done = threading.Event()
+
+        def writer():
+            try:
+                base = 0
+                while not done.is_set():
+                    keys = np.arange(base, base + 4000, dtype=np.uint64)
+                    s.put("grow", keys, keys.astype(np.int64))
+                    base += 4000
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        def reader(part):
+            try:
+                for f in range(part, 24, 3):
+                    name = f"lazy{f}"
+                    keys, vals = want[name]
+                    if f % 2:
+                        t = s.scan(name)
+                        assert np.array_equal(t.column("key").to_numpy(), keys), name
+                        assert np.array_equal(t.column("value").to_numpy(), vals), name
+                    else:
+                        got = s.get(name, keys[::5])
+                        assert np.array_equal(np.asarray(got), vals[::5]), name
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        w = threading.Thread(target=writer)
+        w.start()
+        rs = [threading.Thread(target=reader, args=(p,)) for p in range(3)]
+        for t in rs:
+            t.start()
+        for t in rs:
+            t.join(timeout=120)
+        done.set()
+        w.join(timeout=120)
+        if errors:
+            raise errors[0]

@@ -11,7 +11,7 @@ it, and ``{"synced": op}`` after each durability point (sync, flush, compact, cl
 returns. The parent kills it with SIGKILL, either after a random delay (the phase is the
 operation in progress, or "open" while it recovers) or by arming one of the engine's kill
 points (reader/csrc/fault_injection.h; the child dies exactly there and names it), chosen in
-turn so every ordering step of store.h's crash-safety contract is hit.
+turn so every ordering step of store_impl.h's crash-safety contract is hit.
 
 Power-loss trials. The child tracks what the engine wrote but had not made durable
 (fsync/fdatasync) and, at an armed kill point or between two random operations, drops or

@@ -4,6 +4,7 @@
 #include "reader/csrc/py_bindings.h"
 
 #include "reader/csrc/filename.h"
+#include "reader/csrc/io_ring.h"
 
 #include <pybind11/stl.h>
 

@@ -30,7 +30,7 @@ const std::vector<const char*> kKillPoints = {
     "wal.rotate.after_open",            // a flush opened its new WAL file, pinned items not yet re-logged
     "pages.reserve.after_fallocate",    // page file extended, nothing written into it yet
     "pages.write.before_sync",          // new pages written into free slots, not yet fdatasync'ed
-    "pages.sync.after",                 // pages durable, metadata not yet committed (store.h step 2 -> 3)
+    "pages.sync.after",                 // pages durable, metadata not yet committed (store_impl.h step 2 -> 3)
     "meta.commit.before",               // the RocksDB batch about to be written
     "meta.commit.after",                // committed; old WAL files not yet deleted, freed slots not yet reusable
     "punch.before",                     // freed slots committed as free, hole not yet punched

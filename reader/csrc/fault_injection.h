@@ -4,7 +4,7 @@
 // Three tools, all off unless a test arms them through recflash.reader.testing:
 //   * Injected errors: "fail the Nth call of kind K (optionally only on paths containing P)
 //     with errno E", once or from then on (a full disk stays full).
-//   * Kill points: named places in the engine's ordering (store.h, "Crash safety"); on the
+//   * Kill points: named places in the engine's ordering (store_impl.h, "Crash safety"); on the
 //     Nth hit of an armed point the process dies there (SIGKILL), or simulates a power loss.
 //   * Power-loss tracking: remembers what was written since each file's last fsync/fdatasync
 //     (pre-images of overwritten page ranges, appended tails, files whose directory entry was

@@ -1,4 +1,4 @@
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/fault_injection.h"
@@ -63,36 +63,36 @@ void* HugeAllocate(size_t bytes) {
 // ---------------------------------------------------------------------------------------
 // Open / recovery
 
-Store::Store(const StoreOptions& o)
+StoreImpl::StoreImpl(const StoreOptions& o)
     : o_(o), pinner_(o.pinner), merger_(o.merger), reclaimer_(o.reclaim) {}
 
-Store::~Store() {
+StoreImpl::~StoreImpl() {
   if (!closed_) Close();
 }
 
 // ---------------------------------------------------------------------------------------
 // Features
 
-Status Store::CheckReadable() {
+Status StoreImpl::CheckReadable() {
   if (o_.accounting)
     return Status::InvalidArgument("store '" + path_ + "' is in accounting mode: it keeps no page contents to read "
                                    "(use account_scan() for read costs)");
   return Status::OK();
 }
 
-Status Store::CheckWritable() {
+Status StoreImpl::CheckWritable() {
   RF_RETURN_IF_ERROR(CheckOpen());
   if (o_.read_only)
     return Status::ReadOnly("store '" + path_ + "' is open read-only; open it without read_only to write");
   return Status::OK();
 }
 
-Status Store::CheckOpen() {
+Status StoreImpl::CheckOpen() {
   if (closed_) return Status::Closed("store '" + path_ + "' is closed");
   return Status::OK();
 }
 
-Status Store::FeatureFor(const std::string& name, FeatureDef* def) {
+Status StoreImpl::FeatureFor(const std::string& name, FeatureDef* def) {
   MutexLock l(&mu_);
   auto it = defs_.find(name);
   if (it == defs_.end()) {
@@ -112,7 +112,7 @@ Status Store::FeatureFor(const std::string& name, FeatureDef* def) {
   return Status::OK();
 }
 
-Status Store::CreateFeature(const std::string& name, const std::string& type, FeatureDef* out) {
+Status StoreImpl::CreateFeature(const std::string& name, const std::string& type, FeatureDef* out) {
   RF_RETURN_IF_ERROR(CheckWritable());
   if (name.empty() || name.size() > 255)
     return Status::InvalidArgument("feature name must be 1..255 bytes, got " + std::to_string(name.size()));
@@ -155,12 +155,12 @@ Status Store::CreateFeature(const std::string& name, const std::string& type, Fe
   return Status::OK();
 }
 
-Status Store::LookupFeature(const std::string& name, FeatureDef* out) {
+Status StoreImpl::LookupFeature(const std::string& name, FeatureDef* out) {
   RF_RETURN_IF_ERROR(CheckOpen());
   return FeatureFor(name, out);
 }
 
-std::vector<FeatureDef> Store::Features() {
+std::vector<FeatureDef> StoreImpl::Features() {
   MutexLock l(&mu_);
   std::vector<FeatureDef> v;
   for (const auto& [n, d] : defs_) v.push_back(d);
@@ -170,7 +170,7 @@ std::vector<FeatureDef> Store::Features() {
 // ---------------------------------------------------------------------------------------
 // Close and statistics
 
-Status Store::Close() {
+Status StoreImpl::Close() {
   if (closed_) return Status::OK();
   Status s;
   if (o_.read_only) {

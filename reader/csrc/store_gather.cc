@@ -1,4 +1,4 @@
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/store_internal.h"
@@ -29,7 +29,7 @@ using namespace store_internal;
 // ---------------------------------------------------------------------------------------
 // Embedding rows (the NDP engine's gather)
 
-Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n, bool vector_grained, float* out,
+Status StoreImpl::GatherRows(const std::string& name, const uint64_t* ids, size_t n, bool vector_grained, float* out,
                          GatherStats* st) {
   std::vector<GatherRequest> one(1);
   one[0].feature = name;
@@ -40,7 +40,7 @@ Status Store::GatherRows(const std::string& name, const uint64_t* ids, size_t n,
   return GatherRowsMany(one, vector_grained, nullptr);
 }
 
-BlockSums* Store::LoadedBlockSums() {
+BlockSums* StoreImpl::LoadedBlockSums() {
   if (!o_.verify_block_reads || !block_sums_) return nullptr;
   std::call_once(block_sums_loaded_, [this] { block_sums_->Load(StoreFileName(path_, FileKind::kBlockSums)); });
   return block_sums_.get();
@@ -48,9 +48,9 @@ BlockSums* Store::LoadedBlockSums() {
 
 // One GatherRowsMany call: where each requested row is (resolved under mu_ with the version),
 // the reads planned from that, and the hand-off of each finished request to `done`.
-class Store::Gather {
+class StoreImpl::Gather {
  public:
-  Gather(Store* s, const std::vector<GatherRequest>& reqs_, std::vector<FeatureDef> defs_, bool vector_grained_,
+  Gather(StoreImpl* s, const std::vector<GatherRequest>& reqs_, std::vector<FeatureDef> defs_, bool vector_grained_,
          const GatherDoneFn& done_, double t0_)
       : s_(s), reqs(reqs_), defs(std::move(defs_)), nr(reqs_.size()), ps(s->o_.page_size),
         vector_grained(vector_grained_), done(done_), t0(t0_), locs(nr), deferred(nr, 0), pending(nr, 0) {}
@@ -89,7 +89,7 @@ class Store::Gather {
     if (--pending[r] == 0) ready.push_back(r);
   }
 
-  Store* const s_;
+  StoreImpl* const s_;
   const std::vector<GatherRequest>& reqs;
   const std::vector<FeatureDef> defs;
   const size_t nr;
@@ -105,7 +105,7 @@ class Store::Gather {
   std::vector<PageNeed> by_page;
 };
 
-Status Store::Gather::Resolve() {
+Status StoreImpl::Gather::Resolve() {
   MutexLock l(&s_->mu_);
   if (s_->closed_) return Status::Closed("store '" + s_->path_ + "' is closed");
   for (size_t r = 0; r < nr; r++) {
@@ -151,7 +151,7 @@ Status Store::Gather::Resolve() {
   return Status::OK();
 }
 
-void Store::Gather::Plan() {
+void StoreImpl::Gather::Plan() {
   static const std::vector<PageRef> kNoRefs;
   for (uint32_t r = 0; r < nr; r++) {
     const GatherRequest& q = reqs[r];
@@ -185,7 +185,7 @@ void Store::Gather::Plan() {
 
 }
 
-Status Store::Gather::RunReady() {
+Status StoreImpl::Gather::RunReady() {
   while (!ready.empty()) {
     const size_t r = ready.back();
     ready.pop_back();
@@ -195,7 +195,7 @@ Status Store::Gather::RunReady() {
   return Status::OK();
 }
 
-Status Store::Gather::ReadBlocks() {
+Status StoreImpl::Gather::ReadBlocks() {
   if (needs.empty()) return Status::OK();
   // Blocks: each need's device blocks, adjacent ones of a page merged up to 4 KiB. With
   // verification, a block whose page has no sums for this version moves its rows to the
@@ -283,7 +283,7 @@ Status Store::Gather::ReadBlocks() {
   return Status::OK();
 }
 
-Status Store::Gather::ReadWholePages() {
+Status StoreImpl::Gather::ReadWholePages() {
   if (by_page.empty()) return Status::OK();
   std::sort(by_page.begin(), by_page.end(), [](const PageNeed& a, const PageNeed& b) {
     return a.page != b.page ? a.page < b.page : a.r != b.r ? a.r < b.r : a.i < b.i;
@@ -351,7 +351,7 @@ Status Store::Gather::ReadWholePages() {
   return Status::OK();
 }
 
-Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector_grained, const GatherDoneFn& done) {
+Status StoreImpl::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector_grained, const GatherDoneFn& done) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());
@@ -383,7 +383,7 @@ Status Store::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool vector
   return g.RunReady();
 }
 
-Status Store::VerifyRows(const std::string& name, uint64_t* pages_read) {
+Status StoreImpl::VerifyRows(const std::string& name, uint64_t* pages_read) {
   *pages_read = 0;
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());

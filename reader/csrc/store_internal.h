@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "reader/csrc/filename.h"
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 #include "reader/csrc/write_batch.h"
 
 namespace recflash {
@@ -46,7 +46,7 @@ inline Status CheckSegmentFits(const SegmentView& sv, uint32_t pid, const std::s
 // ---------------------------------------------------------------------------------------
 // Internal types
 
-struct Store::WriteOp {
+struct StoreImpl::WriteOp {
   // WAL payload, written from the caller's buffers: header (op, fid, n, width), keys,
   // (variable-width puts) u32 lengths, values. Empty in bulk-load mode.
   uint8_t header[13];
@@ -66,7 +66,7 @@ struct Store::WriteOp {
   CondVar cv;  // waited on with the Store's queue_mu_
 };
 
-struct Store::Rec {
+struct StoreImpl::Rec {
   uint32_t fid;
   uint64_t key;
   bool tomb;

@@ -1,4 +1,4 @@
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/fault_injection.h"
@@ -36,7 +36,7 @@ Status Store::Open(const std::string& path, const StoreOptions& options, std::un
   const int attempts = options.read_only ? 5 : 1;
   Status st;
   for (int i = 0; i < attempts; i++) {
-    std::unique_ptr<Store> s(new Store(options));
+    std::unique_ptr<StoreImpl> s(new StoreImpl(options));
     st = s->OpenImpl(path);
     if (st.ok()) {
       *out = std::move(s);
@@ -48,7 +48,7 @@ Status Store::Open(const std::string& path, const StoreOptions& options, std::un
   return st;
 }
 
-Status Store::OpenImpl(const std::string& path) {
+Status StoreImpl::OpenImpl(const std::string& path) {
   const uint32_t ps = o_.page_size;
   if (ps < 4096 || ps > (1u << 20) || (ps & (ps - 1)) != 0)
     return Status::InvalidArgument("page_size " + std::to_string(ps) + " must be a power of two in [4096, 1 MiB]");
@@ -158,7 +158,7 @@ Status Store::OpenImpl(const std::string& path) {
   return Recover();
 }
 
-Status Store::LoadTables(uint32_t* max_pid) {
+Status StoreImpl::LoadTables(uint32_t* max_pid) {
   bool found = false;
   RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
   opened_seq_ = pstate_.next_seq;
@@ -194,7 +194,7 @@ Status Store::LoadTables(uint32_t* max_pid) {
   return Status::OK();
 }
 
-Status Store::Recover() {
+Status StoreImpl::Recover() {
   const double t0 = Now();
   uint32_t max_pid = 0;
   RF_RETURN_IF_ERROR(LoadTables(&max_pid));
@@ -234,7 +234,7 @@ Status Store::Recover() {
   return Status::OK();
 }
 
-Status Store::RecoverReadOnly() {
+Status StoreImpl::RecoverReadOnly() {
   const double t0 = Now();
   uint32_t max_pid = 0;
   RF_RETURN_IF_ERROR(LoadTables(&max_pid));
@@ -272,7 +272,7 @@ Status Store::RecoverReadOnly() {
   return Status::OK();
 }
 
-void Store::ResetDerivedLocked() {
+void StoreImpl::ResetDerivedLocked() {
   for (FeatureState* f : features_.All()) {
     f->index = KeyIndex();
     f->index.track_lengths(f->def.variable());
@@ -289,7 +289,7 @@ void Store::ResetDerivedLocked() {
     }
 }
 
-Status Store::EnsureKeyIndex() {
+Status StoreImpl::EnsureKeyIndex() {
   MutexLock wl(&write_mu_);
   if (key_index_ready_) return Status::OK();
   {
@@ -311,12 +311,12 @@ Status Store::EnsureKeyIndex() {
   return Status::OK();
 }
 
-FeatureState* Store::FeatureStateFor(uint32_t fid) {
+FeatureState* StoreImpl::FeatureStateFor(uint32_t fid) {
   MutexLock l(&mu_);
   return const_cast<FeatureState*>(ReaderFeatures().Get(fid));  // LoadIndex fills it, under lazy_mu_
 }
 
-Status Store::LoadIndex(FeatureState* f) {
+Status StoreImpl::LoadIndex(FeatureState* f) {
   MutexLock l(&lazy_mu_);
   if (!f->index_lazy) return Status::OK();
   const char* p = f->index_blob.data();
@@ -354,7 +354,7 @@ Status Store::LoadIndex(FeatureState* f) {
   return Status::OK();
 }
 
-Status Store::ExplainReadFailure(const Status& s) {
+Status StoreImpl::ExplainReadFailure(const Status& s) {
   if (!o_.read_only || s.code() != Status::Code::kCorruption) return s;
   // A page that fails verification under a read-only handle is most likely one a writer
   // rewrote, punched or is writing since this snapshot: the committed state moved on. Check
@@ -372,7 +372,7 @@ Status Store::ExplainReadFailure(const Status& s) {
 // About 150 lines on purpose: deciding which features stay deferred, reading the other
 // features' pages, resolving the newest version per key and retiring emptied segments form one
 // pass over the same per-feature record lists; recovery reads best as one sequence.
-Status Store::RebuildFromPages() {
+Status StoreImpl::RebuildFromPages() {
   struct R {
     uint64_t key;
     uint64_t seq;
@@ -641,7 +641,7 @@ bool CheckpointAgrees(const std::vector<CheckpointFeature>& fs, const Checkpoint
 }
 }
 
-Status Store::WriteCheckpoint() {
+Status StoreImpl::WriteCheckpoint() {
   // Streamed a feature at a time (a large key index is not copied whole), crc32c over all.
   const std::string tmp = StoreFileName(path_, FileKind::kCheckpointTemp);
   if (const int e = RF_FAULT(kCheckpointWrite, tmp)) return Status::FromErrno("write", tmp, e);
@@ -691,7 +691,7 @@ Status Store::WriteCheckpoint() {
   return SyncDir(path_);
 }
 
-bool Store::LoadCheckpoint() {
+bool StoreImpl::LoadCheckpoint() {
   std::ifstream in(StoreFileName(path_, FileKind::kCheckpoint), std::ios::binary);
   if (!in) return false;
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -770,7 +770,7 @@ bool Store::LoadCheckpoint() {
   return true;
 }
 
-Status Store::ReplayWal(uint64_t* max_number) {
+Status StoreImpl::ReplayWal(uint64_t* max_number) {
   std::vector<uint64_t> numbers;
   RF_RETURN_IF_ERROR(ListWalFiles(wal_dir_, &numbers));
   *max_number = 0;

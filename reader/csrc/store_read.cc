@@ -1,4 +1,4 @@
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/scan_merge.h"
@@ -31,7 +31,7 @@ using namespace store_internal;
 // Read path
 
 
-Status Store::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn) {
+Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn) {
   const uint32_t ps = o_.page_size;
   const auto runs = CoalescePages(sorted_pids, ring->slot_bytes() / ps);
   return ring->ReadRuns(file_.fd(), pages_path_, ps, runs, [&](const PageRun& run, const uint8_t* data) -> Status {
@@ -44,7 +44,7 @@ Status Store::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, 
   });
 }
 
-void Store::FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st) {
+void StoreImpl::FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st) {
   st->pages_read = pages;
   st->bytes_read = pages * static_cast<uint64_t>(o_.page_size);
   st->useful_bytes = useful;
@@ -124,7 +124,7 @@ void PlaceDirect(const SegmentView& sv, uint64_t lo, uint64_t hi, bool to_end, S
 
 }  // namespace
 
-Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
+Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
                        ReadStats* st) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
@@ -233,7 +233,7 @@ Status Store::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint6
   return Status::OK();
 }
 
-Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st) {
+Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());
@@ -371,7 +371,7 @@ Status Store::Get(const std::string& name, const uint64_t* keys, size_t n, Colum
   return Status::OK();
 }
 
-Status Store::KeyRanges(const std::string& name, std::vector<PageRef>* out) {
+Status StoreImpl::KeyRanges(const std::string& name, std::vector<PageRef>* out) {
   RF_RETURN_IF_ERROR(CheckOpen());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(name, &def));
@@ -385,7 +385,7 @@ Status Store::KeyRanges(const std::string& name, std::vector<PageRef>* out) {
   return Status::OK();
 }
 
-Status Store::AccountScan(const std::string& name, ReadStats* st) {
+Status StoreImpl::AccountScan(const std::string& name, ReadStats* st) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   FeatureDef def;

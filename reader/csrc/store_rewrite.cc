@@ -1,4 +1,4 @@
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/store_internal.h"
@@ -29,7 +29,7 @@ using namespace store_internal;
 // ---------------------------------------------------------------------------------------
 // Merger and reclamation
 
-Status Store::Compact(const std::vector<std::string>& names) {
+Status StoreImpl::Compact(const std::vector<std::string>& names) {
   RF_RETURN_IF_ERROR(CheckWritable());
   std::vector<FeatureDef> defs;
   for (const auto& n : names) {
@@ -56,7 +56,7 @@ Status Store::Compact(const std::vector<std::string>& names) {
   return Status::OK();
 }
 
-Status Store::MaintainLocked() {
+Status StoreImpl::MaintainLocked() {
   std::vector<FeatureState*> touched;
   for (FeatureState* f : features_.All())
     if (f->touched) {
@@ -74,7 +74,7 @@ Status Store::MaintainLocked() {
 // accounting mode, from the key index; drop covered tombstones; write; commit; install) all
 // work on one set of moved records, their value arena and the map of source pages, and the
 // crash ordering (pages durable -> metadata commit -> install -> release) reads top to bottom.
-Status Store::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
+Status StoreImpl::RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) {
   const uint32_t ps = o_.page_size;
   std::map<uint32_t, std::vector<uint32_t>> want;  // page -> features to move out of it
   for (const auto& t : tasks) want[t.page].push_back(t.fid);

@@ -1,4 +1,4 @@
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/store_internal.h"
@@ -77,7 +77,7 @@ class JsonWriter {
 // ---------------------------------------------------------------------------------------
 // Statistics
 
-std::string Store::StatsJson() {
+std::string StoreImpl::StatsJson() {
   MutexLock wl(&write_mu_);  // the tables belong to the writer side
   const uint32_t ps = o_.page_size;
   uint64_t live_items = 0, live_bytes = 0, tombs = 0, buffered_items = 0, buffered_bytes = 0;

@@ -1,4 +1,4 @@
-#include "reader/csrc/store.h"
+#include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/store_internal.h"
@@ -31,7 +31,7 @@ using namespace store_internal;
 // ---------------------------------------------------------------------------------------
 // Write path
 
-Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values,
+Status StoreImpl::Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values,
                   size_t values_len, const int64_t* offsets) {
   RF_RETURN_IF_ERROR(CheckWritable());
   FeatureDef def;
@@ -71,7 +71,7 @@ Status Store::Put(const std::string& feature, const uint64_t* keys, size_t n, co
   return Write(&w);
 }
 
-Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n) {
+Status StoreImpl::Delete(const std::string& feature, const uint64_t* keys, size_t n) {
   RF_RETURN_IF_ERROR(CheckWritable());
   FeatureDef def;
   RF_RETURN_IF_ERROR(FeatureFor(feature, &def));
@@ -88,7 +88,7 @@ Status Store::Delete(const std::string& feature, const uint64_t* keys, size_t n)
   return Write(&w);
 }
 
-Status Store::Write(WriteOp* w) {
+Status StoreImpl::Write(WriteOp* w) {
   MutexLock ql(&queue_mu_);
   writers_.push_back(w);
   while (!w->done && writers_.front() != w) w->cv.Wait(&queue_mu_);
@@ -150,7 +150,7 @@ Status Store::Write(WriteOp* w) {
   return s;
 }
 
-Status Store::Sync() {
+Status StoreImpl::Sync() {
   RF_RETURN_IF_ERROR(CheckWritable());
   MutexLock wl(&write_mu_);
   RF_RETURN_IF_ERROR(bg_error_);
@@ -161,7 +161,7 @@ Status Store::Sync() {
   return s;
 }
 
-Status Store::Flush(bool force) {
+Status StoreImpl::Flush(bool force) {
   RF_RETURN_IF_ERROR(CheckWritable());
   MutexLock wl(&write_mu_);
   // Bulk-load mode never pins: unlogged items held back would not be durable after flush().
@@ -170,7 +170,7 @@ Status Store::Flush(bool force) {
   return Status::OK();
 }
 
-Status Store::FlushLocked(bool force) {
+Status StoreImpl::FlushLocked(bool force) {
   RF_RETURN_IF_ERROR(bg_error_);
   std::vector<uint32_t> write_fids;
   std::set<uint32_t> pinned;
@@ -279,7 +279,7 @@ Status Store::FlushLocked(bool force) {
   return Status::OK();
 }
 
-void Store::InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed) {
+void StoreImpl::InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed) {
   const uint32_t loc = f->index.loc(pos);
   const uint32_t pid = loc & ~KeyIndex::kTomb;
   PageMeta& pm = pages_.at(pid);
@@ -309,7 +309,7 @@ void Store::InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* di
   }
 }
 
-bool Store::IsAppend(const FeatureState* f, const BufferedItems& b) {
+bool StoreImpl::IsAppend(const FeatureState* f, const BufferedItems& b) {
   if (b.size() == 0) return false;
   if (std::memchr(b.tomb.data(), 1, b.tomb.size()) != nullptr) return false;
   uint64_t last;
@@ -319,7 +319,7 @@ bool Store::IsAppend(const FeatureState* f, const BufferedItems& b) {
   return w == 0 || (b.arena.size() == b.size() * w && b.off.back() == (b.size() - 1) * w);
 }
 
-Status Store::MaterializeIndexLocked(FeatureState* f) {
+Status StoreImpl::MaterializeIndexLocked(FeatureState* f) {
   if (!f->index.deferred()) return Status::OK();
   // Every record of the feature's live segments is current (see KeyIndex): read them all.
   struct R {
@@ -370,7 +370,7 @@ Status Store::MaterializeIndexLocked(FeatureState* f) {
   return Status::OK();
 }
 
-Status Store::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector<Rec>& recs,
+Status StoreImpl::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector<Rec>& recs,
                                  std::set<uint32_t>* dirty, std::set<uint32_t>* freed, uint64_t* pages_written) {
   *pages_written = 0;
   if (recs.empty() && runs.empty()) return Status::OK();
@@ -446,7 +446,7 @@ Status Store::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector
 }
 
 template <typename PagePtr>
-Status Store::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr) {
+Status StoreImpl::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr) {
   const uint32_t ps = o_.page_size;
   constexpr uint32_t kBlockPages = 32;
   const size_t npages = ids.size();
@@ -469,7 +469,7 @@ Status Store::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& 
   return file_.Sync();
 }
 
-void Store::UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<uint32_t>& rec_page,
+void StoreImpl::UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<uint32_t>& rec_page,
                                const std::vector<uint32_t>& ids,
                                const std::vector<std::vector<SegmentSummary>>& summaries,
                                const std::vector<uint64_t>& seqs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed) {
@@ -525,7 +525,7 @@ void Store::UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<u
   }
 }
 
-Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) {
+Status StoreImpl::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) {
   rocksdb::WriteBatch b;
   for (uint32_t p : dirty)
     if (pages_.at(p).live) MetaStore::PutPage(&b, p, pages_.at(p));
@@ -536,7 +536,7 @@ Status Store::CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint3
   return Status::OK();
 }
 
-void Store::TrimFileLocked() {
+void StoreImpl::TrimFileLocked() {
   if (o_.accounting || o_.read_only) return;
   uint32_t slots;
   {
@@ -546,7 +546,7 @@ void Store::TrimFileLocked() {
   if (!file_.Truncate(slots).ok()) punch_failures_++;
 }
 
-void Store::ReleasePendingLocked() {
+void StoreImpl::ReleasePendingLocked() {
   for (const PageRun& r : CoalescePages(versions_.TakeReleasable(), UINT32_MAX)) {
     // Best effort: the slot is reusable either way (a failure only keeps its old bytes
     // allocated), so it is counted in stats rather than failing the flush.

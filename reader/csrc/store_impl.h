@@ -1,0 +1,246 @@
+// StoreImpl: the READER store engine behind the Store interface (store.h). Owns the page
+// file, the WAL, the write buffer, the metadata manager and the pinner/merger/reclaimer, and
+// serves snapshot reads.
+//
+// Concurrency. Writers (put/delete) go through a LevelDB-style group commit: they queue, the
+// head of the queue appends the whole group to the WAL in one write (and one fsync when asked)
+// and applies it to the write buffer. `write_mu_` serialises that with flushes, merges and
+// reclamation, which run in the writer's thread. Readers never take `write_mu_`: they grab
+// the current immutable Version (which pages hold each feature) and a copy of the buffered
+// items under the short `mu_`, register the version number, and read without locks. A page
+// freed by a flush or merge is reused (or punched) only after every reader registered on an
+// older version is done — so a scan always sees one consistent state.
+//
+// Crash safety. Ordering on every flush/merge: (1) WAL synced, pinned items re-logged into a
+// fresh WAL file; (2) new pages written into free slots and fdatasync'ed; (3) one RocksDB
+// write batch (sync) commits the new page records, retired segments, freed pages and the new
+// WAL start; (4) only then are old WAL files deleted and freed slots made reusable. A crash
+// before (3) leaves the previous metadata pointing at untouched pages and the WAL replays the
+// rest; a crash after (3) leaves orphaned slots that recovery treats as free.
+//
+// Lock order (a thread holding one may take only those after it):
+//   write_mu_  ->  lazy_mu_  ->  mu_  ->  ring pools' own locks
+// queue_mu_ (the group-commit queue) is never held together with another lock: the head
+// writer releases it before taking write_mu_ and retakes it after releasing write_mu_.
+// Functions named ...Locked say beside their declaration which lock they need. Writer-side
+// tables (features_, pages_, pstate_, the planners) are read and changed under write_mu_;
+// what readers reach (buffer_, defs_, the key indexes, the VersionSet) changes under both
+// write_mu_ and mu_, so readers need only mu_. The annotations (RF_GUARDED_BY, RF_REQUIRES,
+// RF_ACQUIRED_BEFORE) are Clang thread-safety attributes on the locks of mutex.h: `make
+// tsa-check` (part of `make test`) compiles the engine with -Wthread-safety as errors. The
+// few places where the rule is "written under both, read under either" (WriterBuffer,
+// ReaderFeatures, VersionSet::current) are the documented exceptions the analysis cannot
+// express.
+//
+// Sources by concern: store.cc (lifetime, feature catalog, close), store_open.cc (open,
+// recovery, checkpoint), store_write.cc (group commit, flush, page commit),
+// store_rewrite.cc (merge and reclamation execution), store_read.cc (scans, get),
+// store_gather.cc (embedding-row gathers), store_stats.cc (stats JSON); version_set.h,
+// scan_merge.h, write_batch.h and filename.h hold what they extract.
+#pragma once
+#include <atomic>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "reader/csrc/block_sums.h"
+#include "reader/csrc/column.h"
+#include "reader/csrc/format.h"
+#include "reader/csrc/io_ring.h"
+#include "reader/csrc/merger.h"
+#include "reader/csrc/metadata.h"
+#include "reader/csrc/mutex.h"
+#include "reader/csrc/page_file.h"
+#include "reader/csrc/pinner.h"
+#include "reader/csrc/status.h"
+#include "reader/csrc/thread_annotations.h"
+#include "reader/csrc/version_set.h"
+#include "reader/csrc/wal.h"
+#include "reader/csrc/write_buffer.h"
+#include "reader/csrc/store.h"
+namespace recflash {
+
+class StoreImpl final : public Store {
+ public:
+  ~StoreImpl() override;
+  Status CreateFeature(const std::string& name, const std::string& type, FeatureDef* out) override;
+  Status LookupFeature(const std::string& name, FeatureDef* out) override;
+  std::vector<FeatureDef> Features() override;
+  Status Put(const std::string& feature, const uint64_t* keys, size_t n, const uint8_t* values, size_t values_len,
+             const int64_t* offsets) override;
+  Status Delete(const std::string& feature, const uint64_t* keys, size_t n) override;
+  Status Flush(bool force) override;
+  Status Compact(const std::vector<std::string>& features) override;
+  Status Sync() override;
+  Status Close() override;
+  Status ScanMany(const std::vector<std::string>& features, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
+                  ReadStats* st) override;
+  Status Get(const std::string& feature, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st) override;
+  Status AccountScan(const std::string& feature, ReadStats* st) override;
+  Status KeyRanges(const std::string& feature, std::vector<PageRef>* out) override;
+  bool read_only() const override { return o_.read_only; }
+  Status GatherRows(const std::string& feature, const uint64_t* ids, size_t n, bool vector_grained, float* out,
+                    GatherStats* st) override;
+  Status GatherRowsMany(const std::vector<GatherRequest>& requests, bool vector_grained,
+                        const GatherDoneFn& done) override;
+  Status VerifyRows(const std::string& feature, uint64_t* pages_read) override;
+  uint32_t block_size() const override { return block_size_; }
+  std::string StatsJson() override;
+  Status CheckOpenStatus() override { return CheckOpen(); }
+  const std::string& path() const override { return path_; }
+  uint32_t page_size() const override { return o_.page_size; }
+
+ private:
+  friend class Store;  // Store::Open constructs and opens the engine
+  struct WriteOp;
+  struct Rec;
+  // A flush's append to a deferred-index feature: its buffered items, written as they are.
+  struct AppendRun {
+    uint32_t fid;
+    const BufferedItems* items;
+    uint64_t bytes;  // logical bytes (8 + value per item)
+  };
+
+  class Gather;  // one GatherRowsMany call (store_gather.cc)
+
+  explicit StoreImpl(const StoreOptions& o);
+  Status OpenImpl(const std::string& path);
+  // Feature table, page table and persistent state from RocksDB; *max_pid = one past the
+  // highest live page id (0: no pages). Shared by both recovery paths.
+  Status LoadTables(uint32_t* max_pid) RF_REQUIRES(write_mu_);
+  Status Recover() RF_REQUIRES(write_mu_);
+  // Read-only open: metadata and WAL only, no page read (see StoreOptions::read_only).
+  Status RecoverReadOnly() RF_REQUIRES(write_mu_);
+  // Read-only handles build the key index (for get() and row gathers) on first use, from
+  // the checkpoint when it matches their snapshot, else by reading the live pages.
+  Status EnsureKeyIndex() RF_EXCLUDES(write_mu_);
+  // The feature's key index, decoded from its checkpoint bytes on first use (FeatureState::
+  // index_lazy). Thread-safe; call before touching f->index.
+  Status LoadIndex(FeatureState* f);
+  FeatureState* FeatureStateFor(uint32_t fid);
+  void ResetDerivedLocked() RF_REQUIRES(write_mu_, mu_);
+  Status CheckWritable();
+  // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
+  // or the file is corrupt (the original status).
+  Status ExplainReadFailure(const Status& s);
+  Status RebuildFromPages() RF_REQUIRES(write_mu_);
+  // Clean-shutdown checkpoint of the derived state (key indexes, valid counts), so a clean
+  // reopen need not read every page. Consumed (deleted) at open: it only ever describes the
+  // exact state at close, and a crash afterwards always falls back to RebuildFromPages.
+  Status WriteCheckpoint() RF_REQUIRES(write_mu_);
+  bool LoadCheckpoint() RF_REQUIRES(write_mu_);
+  Status ReplayWal(uint64_t* max_number) RF_REQUIRES(write_mu_);
+
+  Status Write(WriteOp* w);
+  // The writer side: every ...Locked function below needs write_mu_ held (they take mu_
+  // themselves, briefly, where readers could see what they change) unless it says otherwise.
+  Status FlushLocked(bool force) RF_REQUIRES(write_mu_);
+  Status MaintainLocked() RF_REQUIRES(write_mu_);
+  Status RewriteLocked(const std::vector<MoveTask>& tasks, bool merge) RF_REQUIRES(write_mu_);
+  // Packs records (grouped by feature, ascending keys) into pages, writes them durably and
+  // updates the tables; fills `dirty`/`freed` for the commit.
+  // Appends (runs) come first, then the records.
+  Status WriteRecordsLocked(const std::vector<AppendRun>& runs, std::vector<Rec>& recs, std::set<uint32_t>* dirty,
+                            std::set<uint32_t>* freed, uint64_t* pages_written) RF_REQUIRES(write_mu_);
+  // Whether the buffered items only append to the feature (puts above every stored key).
+  static bool IsAppend(const FeatureState* f, const BufferedItems& b);
+  // Builds the key index of a deferred feature by reading its pages (see KeyIndex).
+  Status MaterializeIndexLocked(FeatureState* f) RF_REQUIRES(write_mu_);
+  // Needs write_mu_ and mu_: it changes a key index readers consult.
+  void InvalidateLocked(FeatureState* f, size_t pos, std::set<uint32_t>* dirty, std::set<uint32_t>* freed)
+      RF_REQUIRES(write_mu_, mu_);
+  template <typename PagePtr>
+  Status WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr) RF_REQUIRES(write_mu_);
+  void UpdateTablesLocked(const std::vector<Rec>& recs, const std::vector<uint32_t>& rec_page,
+                          const std::vector<uint32_t>& ids, const std::vector<std::vector<SegmentSummary>>& summaries,
+                          const std::vector<uint64_t>& seqs, std::set<uint32_t>* dirty, std::set<uint32_t>* freed)
+      RF_REQUIRES(write_mu_);
+  Status CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) RF_REQUIRES(write_mu_);
+  // Pages no reader can still see become free slots (punched). Takes mu_ (VersionSet).
+  void ReleasePendingLocked() RF_REQUIRES(write_mu_);
+  // Gives back the page file's free tail (space allocated ahead for writes that are done),
+  // at the end of an explicit flush and at close. Best effort, like hole punching.
+  void TrimFileLocked() RF_REQUIRES(write_mu_);
+  // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
+  using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
+  Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);
+  void FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st);
+  Status CheckOpen();
+  Status CheckReadable();
+  BlockSums* LoadedBlockSums();  // null when block reads are not verified
+  Status FeatureFor(const std::string& name, FeatureDef* def);
+
+  StoreOptions o_;
+  std::string path_, pages_path_, wal_dir_;
+  int lock_fd_ = -1;
+  PageFile file_;
+  MetaStore meta_;
+  std::unique_ptr<IoRingPool> rings_;
+  std::unique_ptr<IoRing> write_ring_;
+  std::unique_ptr<IoRingPool> block_rings_;  // small slots, deep queue: vector-grained reads
+  uint32_t block_size_ = 512;                // device logical block (O_DIRECT alignment)
+  std::unique_ptr<BlockSums> block_sums_;    // checksums of blocks that vector reads verify
+  std::once_flag block_sums_loaded_;
+
+  // Writer side (guarded by write_mu_).
+  Mutex write_mu_ RF_ACQUIRED_BEFORE(lazy_mu_);
+  Mutex lazy_mu_ RF_ACQUIRED_BEFORE(mu_);  // decoding lazily loaded key indexes
+  WalWriter wal_ RF_GUARDED_BY(write_mu_);
+  uint64_t wal_number_ RF_GUARDED_BY(write_mu_) = 0;
+  PersistentState pstate_ RF_GUARDED_BY(write_mu_);
+  FeatureTable features_ RF_GUARDED_BY(write_mu_);
+  LogicalPageTable pages_ RF_GUARDED_BY(write_mu_);
+  Pinner pinner_ RF_GUARDED_BY(write_mu_);
+  Merger merger_ RF_GUARDED_BY(write_mu_);
+  Reclaimer reclaimer_ RF_GUARDED_BY(write_mu_);
+  Status bg_error_ RF_GUARDED_BY(write_mu_);
+  std::vector<AlignedBuffer> write_blocks_ RF_GUARDED_BY(write_mu_);                  // page staging for writes, reused
+
+  // Group commit queue.
+  Mutex queue_mu_;
+  std::deque<WriteOp*> writers_ RF_GUARDED_BY(queue_mu_);
+
+  // Shared with readers (guarded by mu_).
+  Mutex mu_;
+  WriteBuffer buffer_ RF_GUARDED_BY(mu_);
+  // The writer reads the buffer holding write_mu_ alone: only the writer changes it, and it
+  // changes it holding both locks, so a read under write_mu_ races with nothing. Read-only.
+  const WriteBuffer& WriterBuffer() const RF_REQUIRES(write_mu_) RF_NO_THREAD_SAFETY_ANALYSIS { return buffer_; }
+  // The mirror image for the feature table: features are added holding both locks, and a
+  // FeatureState's key index changes holding both, so readers may look them up under mu_.
+  const FeatureTable& ReaderFeatures() const RF_REQUIRES(mu_) RF_NO_THREAD_SAFETY_ANALYSIS { return features_; }
+  // A read-only handle's page seqs, which its readers compare with each page they read: set
+  // at the open and never changed (EnsureKeyIndex changes only valid counts), so unlocked.
+  uint64_t OpenedPageSeq(uint32_t pid) const RF_NO_THREAD_SAFETY_ANALYSIS { return pages_.at(pid).seq; }
+  VersionSet versions_{&mu_};
+  std::map<std::string, FeatureDef> defs_ RF_GUARDED_BY(mu_);  // name -> definition (readers resolve names here)
+  // The key index already describes pages of a version not yet installed (between a flush's
+  // or merge's table update and its install): readers must not pair it with the current version.
+  bool index_ahead_ RF_GUARDED_BY(mu_) = false;
+  std::atomic<bool> closed_{false};
+
+  // Counters.
+  std::atomic<uint64_t> pages_read_{0}, bytes_read_{0}, useful_bytes_read_{0}, reads_{0};
+  // Feature scans resolved through the key index, and those that fell back to the k-way
+  // merge because the index and the snapshot's pages disagreed (a writer mid-install).
+  std::atomic<uint64_t> index_merges_{0}, index_merge_fallbacks_{0};
+  uint64_t flushes_ RF_GUARDED_BY(write_mu_) = 0;  // lifetime byte counters live in pstate_
+  uint64_t punch_failures_ RF_GUARDED_BY(write_mu_) = 0;  // hole punches that failed (best effort, see ReleasePendingLocked)
+  std::atomic<double> encoded_bytes_read_{0};
+  uint64_t flush_pages_written_ RF_GUARDED_BY(write_mu_) = 0;
+  uint64_t recovered_wal_records_ RF_GUARDED_BY(write_mu_) = 0;
+  bool opened_from_checkpoint_ RF_GUARDED_BY(write_mu_) = false;
+  // pstate_.next_seq as the open found it (set before the store is shared, then constant): a
+  // read-only handle's snapshot, which readers compare without the writer's lock.
+  uint64_t opened_seq_ = 0;
+  bool key_index_ready_ RF_GUARDED_BY(write_mu_) = true;  // false on a read-only handle until EnsureKeyIndex
+  double recovery_seconds_ RF_GUARDED_BY(write_mu_) = 0;
+};
+
+}  // namespace recflash

@@ -3,12 +3,17 @@
 #pragma once
 #include <cstdint>
 #include <cstdlib>
+#include <new>
+#include <utility>
 #include <vector>
 
 namespace recflash {
 
 // Allocator for read results: large buffers are 2 MiB aligned and advised for transparent
-// huge pages, so filling a multi-GB scan result costs few page faults.
+// huge pages, so filling a multi-GB scan result costs few page faults. resize(n) leaves new
+// elements uninitialised (default-initialised, as std::make_unique_for_overwrite does): a
+// read sizes its output and then writes every element it keeps, so zero-filling first was
+// a pass over the whole result for nothing. resize(n, value) still writes value.
 template <typename T>
 struct HugeAlloc {
   using value_type = T;
@@ -17,6 +22,14 @@ struct HugeAlloc {
   HugeAlloc(const HugeAlloc<U>&) {}
   T* allocate(size_t n);
   void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
   template <typename U>
   bool operator==(const HugeAlloc<U>&) const { return true; }
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "reader/csrc/key_index.h"
 #include "reader/csrc/types.h"
@@ -354,6 +355,106 @@ MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint
   }
   sink->Finish();
   return kind;
+}
+
+bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il,
+                        const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
+                        IndexPlan* plan) {
+  const size_t n = ik.size(), nb = b.size();
+  // Page id -> ref: a flat table over the refs' id span when that is small next to the
+  // entries (one load per entry), else the hash. This lookup is most of the plan's cost.
+  uint32_t pmin = UINT32_MAX, pmax = 0;
+  for (const PageRef& r : refs) {
+    pmin = std::min(pmin, r.page);
+    pmax = std::max(pmax, r.page);
+  }
+  std::vector<int32_t> flat;
+  std::unique_ptr<ChunkOfPage> hashed;
+  if (!refs.empty() && pmax - pmin <= 16 * n + 4096) {
+    flat.assign(pmax - pmin + 1, -1);
+    for (size_t j = 0; j < refs.size(); j++) flat[refs[j].page - pmin] = static_cast<int32_t>(j);
+  } else {
+    hashed = std::make_unique<ChunkOfPage>(refs);
+  }
+  auto ref_of = [&](uint32_t page) -> int32_t {
+    if (!hashed) return page - pmin < flat.size() ? flat[page - pmin] : -1;
+    return hashed->Find(page);
+  };
+  // Each ref's slots get room for its valid records (an index entry names a valid record of
+  // its segment, so they cannot overflow unless index and pages disagree); one pass then
+  // writes the output keys, the buffered values and every page's slots.
+  plan->first.assign(refs.size() + 1, 0);
+  for (size_t j = 0; j < refs.size(); j++) plan->first[j + 1] = plan->first[j] + refs[j].valid;
+  plan->slots.resize(plan->first.back());
+  std::vector<uint32_t> fill(plan->first.begin(), plan->first.end() - 1);
+  col->keys.resize(n + nb);
+  col->values.resize((n + nb) * static_cast<size_t>(w));
+  uint64_t* kp = col->keys.data();
+  uint8_t* vp = col->values.data();
+  size_t o = 0, k = 0;
+  auto put_buffered = [&](size_t e) {
+    if (b.tomb[e]) return;
+    kp[o] = b.keys[e];
+    std::memcpy(vp + o * w, b.value(e), w);
+    o++;
+  };
+  uint32_t last_page = UINT32_MAX;
+  int32_t last_ref = -1;
+  uint64_t from_disk = 0;
+  for (size_t e = 0; e < n; e++) {
+    const uint64_t key = ik[e];
+    while (k < nb && b.keys[k] < key) put_buffered(k++);
+    if (k < nb && b.keys[k] == key) {  // the buffered write is newer
+      put_buffered(k++);
+      continue;
+    }
+    const uint32_t loc = il[e];
+    if (loc & KeyIndex::kTomb) continue;
+    if (loc != last_page) {  // consecutive keys often share a page
+      last_page = loc;
+      last_ref = ref_of(loc);
+      if (last_ref < 0) return false;
+    }
+    uint32_t& f = fill[last_ref];
+    if (f == plan->first[last_ref + 1]) return false;  // more entries than the segment's valid records
+    plan->slots[f++] = o;
+    kp[o++] = key;
+    from_disk++;
+  }
+  while (k < nb) put_buffered(k++);
+  col->keys.resize(o);
+  col->values.resize(o * static_cast<size_t>(w));
+  plan->fill = std::move(fill);
+  plan->from_disk = from_disk;
+  return true;
+}
+
+bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
+                  std::vector<uint64_t>* scratch, double* encoded) {
+  const uint64_t* s = plan.slots.data() + plan.first[j];
+  const uint64_t* const s_end = plan.slots.data() + plan.fill[j];
+  if (s == s_end) return true;
+  scratch->resize(sv.count);
+  uint64_t* pk = scratch->data();
+  sv.DecodeKeys(pk);
+  const uint64_t* kp = col->keys.data();
+  uint8_t* vp = col->values.data();
+  const uint32_t w = sv.width;
+  uint32_t r = 0;
+  const uint32_t cn = sv.count;
+  const size_t taken = static_cast<size_t>(s_end - s);
+  for (; s != s_end; ++s) {
+    const uint64_t key = kp[*s];
+    // Stale records (older versions the index no longer names) are skipped on the way.
+    while (r < cn && pk[r] < key) r++;
+    if (r == cn || pk[r] != key || sv.is_tomb(r)) return false;
+    if (w == 8) std::memcpy(vp + *s * 8, sv.values + static_cast<size_t>(r) * 8, 8);
+    else if (w == 4) std::memcpy(vp + *s * 4, sv.values + static_cast<size_t>(r) * 4, 4);
+    else std::memcpy(vp + *s * w, sv.values + static_cast<size_t>(r) * w, w);
+    r++;
+  }
+  *encoded += static_cast<double>(taken) * sv.bytes_per_record();
+  return true;
 }
 
 uint64_t CloseDirectGaps(const std::vector<uint64_t>& slot, const std::vector<std::pair<uint32_t, uint32_t>>& span,

@@ -95,6 +95,28 @@ enum class MergeKind { kIndex, kIndexFallback, kDense, kHeap };
 MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint32_t>* ilocs,
                       const std::vector<PageRef>& refs, MergeSink* sink);
 
+// Index placement: the index merge for fixed-width values done as pages arrive, so it
+// overlaps the reads still in flight and needs no per-page copies. Before the reads, the plan
+// writes every output key (from the index copy and the buffered items) and the buffered
+// values, sizes the output exactly, and lists per page the output slots of the keys whose
+// current version it holds (ascending). Each arriving page then copies those records' values
+// straight into their slots; a page that disagrees with the index (a record missing, or a
+// tombstone) makes the scan fall back to the chunk merges above.
+struct IndexPlan {
+  std::vector<uint32_t> first;  // per ref j: room for its valid records at slots[first[j], ..)
+  std::vector<uint32_t> fill;   // per ref j: its slots end at slots[fill[j]]
+  std::vector<uint64_t> slots;  // output positions, grouped by ref, ascending within each
+  uint64_t from_disk = 0;       // output items that come from pages
+};
+// False when an index location names a page not in `refs` (col and plan are then unusable).
+bool PlanIndexPlacement(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,
+                        const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
+                        IndexPlan* plan);
+// Fills ref j's slots from its page's segment `sv` (width set); `scratch` holds decoded keys.
+// Adds the encoded bytes of the records taken. False when the page disagrees with the index.
+bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
+                  std::vector<uint64_t>* scratch, double* encoded);
+
 // Direct placement: page j's records were decoded at col.keys[slot[j]..], of which
 // [span[j].first, span[j].second) are in range; moves them together. Returns the items kept.
 uint64_t CloseDirectGaps(const std::vector<uint64_t>& slot, const std::vector<std::pair<uint32_t, uint32_t>>& span,

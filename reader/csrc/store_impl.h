@@ -167,6 +167,12 @@ class StoreImpl final : public Store {
   // Gives back the page file's free tail (space allocated ahead for writes that are done),
   // at the end of an explicit flush and at close. Best effort, like hole punching.
   void TrimFileLocked() RF_REQUIRES(write_mu_);
+  // One scan of `names` (ScanMany): with use_index, features whose pages overlap are resolved
+  // through a copy of their key index, and fixed-width ones
+  // are placed as their pages arrive; those whose pages disagree with
+  // the index are listed in `redo` (their output unusable) for a pass without placement.
+  Status ScanPass(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, bool use_index,
+                  std::vector<ColumnData>* out, ReadStats* st, std::vector<size_t>* redo);
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);

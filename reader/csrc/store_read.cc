@@ -69,6 +69,12 @@ struct ScanFeature {
   bool indexed = false;
   std::vector<uint64_t> ikeys;
   std::vector<uint32_t> ilocs;
+  // Index placement (fixed width, see IndexPlan): the merge done as pages arrive. `placed`
+  // is cleared when a page disagrees with the index; the feature is then merged from chunks.
+  bool placed = false;
+  bool planned = false;  // the plan is made at the feature's first page, while later reads are in flight
+  bool place_failed = false;
+  IndexPlan plan;
   std::vector<PageRef> refs;      // pages overlapping the range
   std::vector<PageChunk> chunks;  // one per ref (merge path)
   // Direct placement: a fixed-width feature whose pages are clean (no stale records, no
@@ -124,8 +130,32 @@ void PlaceDirect(const SegmentView& sv, uint64_t lo, uint64_t hi, bool to_end, S
 
 }  // namespace
 
-Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
-                       ReadStats* st) {
+Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi,
+                           std::vector<ColumnData>* out, ReadStats* st) {
+  std::vector<size_t> redo;
+  RF_RETURN_IF_ERROR(ScanPass(names, lo, hi, true, out, st, &redo));
+  if (redo.empty()) return Status::OK();
+  // A page disagreed with the key index copy (see IndexPlan): those features again, merged
+  // from page chunks, which resolve versions by seq without trusting the index.
+  std::vector<std::string> again;
+  for (size_t i : redo) again.push_back(names[i]);
+  std::vector<ColumnData> cols;
+  ReadStats st2;
+  std::vector<size_t> none;
+  RF_RETURN_IF_ERROR(ScanPass(again, lo, hi, false, &cols, &st2, &none));
+  for (size_t k = 0; k < redo.size(); k++) (*out)[redo[k]] = std::move(cols[k]);
+  index_merge_fallbacks_ += redo.size();
+  st->pages_read += st2.pages_read;
+  st->bytes_read += st2.bytes_read;
+  st->useful_bytes += st2.useful_bytes;
+  st->encoded_bytes += st2.encoded_bytes;
+  st->items += st2.items;
+  st->seconds += st2.seconds;
+  return Status::OK();
+}
+
+Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, bool use_index,
+                           std::vector<ColumnData>* out, ReadStats* st, std::vector<size_t>* redo) {
   const double t0 = Now();
   RF_RETURN_IF_ERROR(CheckOpen());
   RF_RETURN_IF_ERROR(CheckReadable());
@@ -148,7 +178,7 @@ Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, u
     v = versions_.RegisterLocked();
     for (ScanFeature& sf : fs) {
       if (FeatureBuffer* fb = buffer_.find(sf.def.id)) fb->CopyRange(lo, hi, &sf.buf);
-      if (index_ahead_ || o_.accounting || v->refs(sf.def.id).empty()) continue;
+      if (!use_index || index_ahead_ || o_.accounting || v->refs(sf.def.id).empty()) continue;
       const FeatureState* f = ReaderFeatures().Get(sf.def.id);
       if (!f || f->index.dense()) continue;  // dense keys: the scatter merge is as fast
       if (!Overlapping(v->refs(sf.def.id))) continue;  // direct placement or a plain concatenation
@@ -173,7 +203,21 @@ Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, u
     }
   }
   std::sort(pids.begin(), pids.end());
-  for (size_t i = 0; i < nf; i++) PlanDirect(&fs[i], &(*out)[i]);
+  for (size_t i = 0; i < nf; i++) {
+    ScanFeature& f = fs[i];
+    if (f.indexed && f.def.fixed_width() > 0) {
+      f.placed = true;
+      continue;
+    }
+    PlanDirect(&f, &(*out)[i]);
+  }
+  std::vector<uint64_t> scratch;  // a page's decoded keys (index placement)
+  auto plan = [&](size_t i) {
+    ScanFeature& f = fs[i];
+    f.planned = true;
+    if (!PlanIndexPlacement(f.ikeys, f.ilocs, f.refs, f.buf, f.def.fixed_width(), &(*out)[i], &f.plan))
+      f.place_failed = true;
+  };
 
   double encoded = 0;
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
@@ -191,6 +235,11 @@ Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, u
                                   "' lacks the segment of feature '" + f.def.name + "' that the metadata lists");
       sv.width = f.def.fixed_width();
       RF_RETURN_IF_ERROR(CheckSegmentFits(sv, pid, pages_path_, f.def));
+      if (f.placed) {
+        if (!f.planned) plan(i);
+        if (!f.place_failed && !PlaceIndexed(sv, f.plan, j, &(*out)[i], &scratch, &encoded)) f.place_failed = true;
+        continue;
+      }
       if (!f.direct) {
         DecodeChunk(sv, pv.seq(), lo, hi, to_end, ref.valid == ref.count, &f.chunks[j]);
         continue;
@@ -215,6 +264,17 @@ Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, u
     ScanFeature& f = fs[i];
     ColumnData& col = (*out)[i];
     const uint32_t w = f.def.fixed_width();
+    if (f.placed) {
+      if (!f.planned) plan(i);  // no page of it in the range
+      if (f.place_failed) {
+        redo->push_back(i);
+        continue;
+      }
+      index_merges_++;
+      useful += f.plan.from_disk * ItemBytes(w);
+      items += col.keys.size();
+      continue;
+    }
     if (f.direct) {
       const uint64_t kept = CloseDirectGaps(f.slot, f.span, w, &col);
       useful += kept * ItemBytes(w);

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "reader/csrc/format.h"
 #include "reader/csrc/key_index.h"
 #include "reader/csrc/scan_merge.h"
 
@@ -204,6 +205,99 @@ TEST(ScanMerge, AnIndexThatDisagreesFallsBackWithTheSameOutput) {
   EXPECT_EQ(MergeChunks(&ik, &il, Refs(sc.cs), &sink2), MergeKind::kIndexFallback);
   EXPECT_EQ(Output(col2), Expected(sc.cs, sc.buf));
   EXPECT_DOUBLE_EQ(sink2.useful, static_cast<double>(Expected(sc.cs, sc.buf).size()) * 16);
+}
+
+// Index placement: each chunk written as a real page, pages placed in reverse order (the ring
+// completes them in any order), output equal to the chunk merges'.
+struct BuiltPage {
+  std::vector<uint8_t> bytes;
+  PageView pv;
+  SegmentView sv;
+};
+
+std::vector<BuiltPage> BuildPages(const std::vector<PageChunk>& cs, const FeatureDef& d) {
+  std::vector<BuiltPage> pages(cs.size());
+  for (size_t j = 0; j < cs.size(); j++) {
+    PageBuilder pb(16384);
+    for (size_t r = 0; r < cs[j].keys.size(); r++) {
+      const bool tomb = !cs[j].tomb.empty() && cs[j].tomb[r];
+      EXPECT_TRUE(pb.Add(d, cs[j].keys[r], cs[j].vals.data() + r * 8, tomb ? 0 : 8, tomb));
+    }
+    pages[j].bytes.assign(16384, 0);
+    std::vector<SegmentSummary> sums;
+    pb.Finish(pages[j].bytes.data(), cs[j].seq, static_cast<uint32_t>(100 + j), &sums);
+    EXPECT_TRUE(PageView::Parse(pages[j].bytes.data(), 16384, static_cast<uint32_t>(100 + j), "t", &pages[j].pv).ok());
+    EXPECT_TRUE(pages[j].pv.Find(d.id, &pages[j].sv));
+    pages[j].sv.width = 8;
+  }
+  return pages;
+}
+
+std::vector<PageRef> ValidRefs(const std::vector<PageChunk>& cs) {
+  std::vector<PageRef> refs = Refs(cs);
+  for (size_t j = 0; j < cs.size(); j++) refs[j].valid = refs[j].count = static_cast<uint32_t>(cs[j].keys.size());
+  return refs;
+}
+
+TEST(ScanMerge, IndexPlacementAgreesWithBruteForce) {
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  for (const Scenario& sc : Scenarios()) {
+    if (sc.cs.empty()) continue;
+    std::vector<uint64_t> ik;
+    std::vector<uint32_t> il;
+    IndexOf(sc.cs, &ik, &il);
+    const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
+    ColumnData col;
+    IndexPlan plan;
+    ASSERT_TRUE(PlanIndexPlacement(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan));
+    std::vector<uint64_t> scratch;
+    double encoded = 0;
+    for (size_t j = pages.size(); j-- > 0;)
+      EXPECT_TRUE(PlaceIndexed(pages[j].sv, plan, static_cast<uint32_t>(j), &col, &scratch, &encoded));
+    EXPECT_EQ(Output(col), Expected(sc.cs, sc.buf));
+    EXPECT_GT(encoded, 0);
+    uint64_t buffered = 0;
+    for (size_t e = 0; e < sc.buf.size(); e++) buffered += !sc.buf.tomb[e];
+    EXPECT_EQ(plan.from_disk + buffered, col.keys.size());
+  }
+}
+
+TEST(ScanMerge, IndexPlacementRefusesAnIndexThatDisagrees) {
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  const Scenario sc = Scenarios()[0];
+  const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
+  std::vector<uint64_t> ik;
+  std::vector<uint32_t> il;
+  // A location naming a page the scan does not read: refused by the plan.
+  IndexOf(sc.cs, &ik, &il);
+  il[0] = 555;
+  ColumnData col;
+  IndexPlan plan;
+  EXPECT_FALSE(PlanIndexPlacement(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan));
+  // More entries for a page than its valid records: refused by the plan.
+  IndexOf(sc.cs, &ik, &il);
+  std::vector<PageRef> few = ValidRefs(sc.cs);
+  few[0].valid = 2;
+  EXPECT_FALSE(PlanIndexPlacement(ik, il, few, sc.buf, 8, &col, &plan));
+  // A key the page lacks, and a key whose record on the page is a tombstone: refused by the page.
+  std::vector<uint64_t> scratch;
+  double encoded = 0;
+  IndexOf(sc.cs, &ik, &il);
+  ik.insert(ik.begin(), 0);
+  il.insert(il.begin(), 100);
+  ASSERT_TRUE(PlanIndexPlacement(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan));
+  EXPECT_FALSE(PlaceIndexed(pages[0].sv, plan, 0, &col, &scratch, &encoded));
+  IndexOf(sc.cs, &ik, &il);
+  for (size_t e = 0; e < ik.size(); e++)
+    if (ik[e] == 4) il[e] = 101;  // key 4's record on page 101 is a tombstone
+  ASSERT_TRUE(PlanIndexPlacement(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan));
+  EXPECT_FALSE(PlaceIndexed(pages[1].sv, plan, 1, &col, &scratch, &encoded));
 }
 
 TEST(ScanMerge, VariableWidthValuesAndOffsets) {

@@ -457,6 +457,129 @@ bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, Colu
   return true;
 }
 
+bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, uint32_t w,
+                        DensePlan* plan) {
+  if (refs.size() < 2 || w == 0 || lo > hi_incl) return false;
+  uint64_t kmin = UINT64_MAX, kmax = 0, total = 0;
+  for (const PageRef& r : refs) {
+    kmin = std::min(kmin, std::max(r.min_key, lo));
+    kmax = std::max(kmax, std::min(r.max_key, hi_incl));
+    total += r.count;
+  }
+  if (kmin > kmax || kmax - kmin >= 2 * total + 4096) return false;  // MergeDense's rule
+  plan->kmin = kmin;
+  plan->span = kmax - kmin + 1;
+  plan->lo = lo;
+  plan->hi = hi_incl;
+  plan->w = w;
+  std::vector<uint32_t> by_seq(refs.size());
+  for (uint32_t j = 0; j < refs.size(); j++) by_seq[j] = j;
+  std::sort(by_seq.begin(), by_seq.end(), [&](uint32_t a, uint32_t b) { return refs[a].seq < refs[b].seq; });
+  plan->rank.assign(refs.size(), 0);
+  for (uint32_t x = 0; x < by_seq.size(); x++) plan->rank[by_seq[x]] = x + 1;
+  plan->enc.assign(refs.size() + 1, 0);
+  plan->tag.assign(plan->span, 0);
+  plan->vals.resize(plan->span * w);  // written where a tag is set, read only there
+  return true;
+}
+
+bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch) {
+  const uint32_t rank = plan->rank[j];
+  plan->enc[rank] = sv.bytes_per_record();
+  const uint32_t w = plan->w;
+  uint32_t* tag = plan->tag.data();
+  uint8_t* vals = plan->vals.data();
+  if (sv.run_keys && !sv.tomb) {
+    // Keys min_key, min_key + 1, ...: no decode, the records in range map to consecutive slots.
+    const uint64_t a = std::max(sv.min_key, plan->lo);
+    const uint64_t z = std::min(sv.min_key + sv.count - 1, plan->hi);
+    if (a > z) return true;
+    if (a < plan->kmin || z - plan->kmin >= plan->span) return false;
+    const uint32_t t = rank << 1;
+    const uint64_t s0 = a - plan->kmin;
+    const uint8_t* src = sv.values + (a - sv.min_key) * w;
+    for (uint64_t s = s0, n = z - a + 1; n > 0; n--, s++, src += w) {
+      if (tag[s] >= t) continue;
+      tag[s] = t;
+      std::memcpy(vals + s * w, src, w);
+    }
+    return true;
+  }
+  scratch->resize(sv.count);
+  uint64_t* pk = scratch->data();
+  sv.DecodeKeys(pk);
+  for (uint32_t r = 0; r < sv.count; r++) {
+    const uint64_t key = pk[r];
+    if (key < plan->lo || key > plan->hi) continue;
+    const uint64_t slot = key - plan->kmin;
+    if (key < plan->kmin || slot >= plan->span) return false;
+    const bool tomb = sv.is_tomb(r);
+    const uint32_t t = rank << 1 | (tomb ? 1u : 0u);
+    if (tag[slot] >= t) continue;  // a newer version of the key already landed
+    tag[slot] = t;
+    if (!tomb) std::memcpy(vals + slot * w, sv.values + static_cast<size_t>(r) * w, w);
+  }
+  return true;
+}
+
+void FinishDensePlacement(const DensePlan& plan, const BufferedItems& b, ColumnData* col, uint64_t* useful,
+                          double* encoded) {
+  const uint32_t w = plan.w;
+  const size_t nb = b.size();
+  const size_t cap = plan.span + nb;  // an upper bound: no counting pass (the tail is never written)
+  col->keys.resize(cap);
+  col->values.resize(cap * w);
+  uint64_t* kp = col->keys.data();
+  uint8_t* vp = col->values.data();
+  size_t o = 0, k = 0;
+  // Items taken per seq rank; the encoded bytes are summed from these at the end.
+  std::vector<uint64_t> taken(plan.enc.size(), 0);
+  auto put_buffered = [&](size_t e) {
+    if (b.tomb[e]) return;
+    kp[o] = b.keys[e];
+    std::memcpy(vp + o * w, b.value(e), w);
+    o++;
+  };
+  if (nb == 0) {  // the common case: nothing buffered in the range
+    const uint32_t* tag = plan.tag.data();
+    const uint8_t* vals = plan.vals.data();
+    for (uint64_t s = 0; s < plan.span; s++) {
+      const uint32_t t = tag[s];
+      if (t == 0 || (t & 1)) continue;  // no version, or deleted
+      kp[o] = plan.kmin + s;
+      if (w == 4) std::memcpy(vp + o * 4, vals + s * 4, 4);
+      else if (w == 8) std::memcpy(vp + o * 8, vals + s * 8, 8);
+      else std::memcpy(vp + o * w, vals + s * w, w);
+      o++;
+      taken[t >> 1]++;
+    }
+  }
+  for (uint64_t s = 0; nb > 0 && s < plan.span; s++) {
+    const uint32_t t = plan.tag[s];
+    if (t == 0) continue;
+    const uint64_t key = plan.kmin + s;
+    while (k < nb && b.keys[k] < key) put_buffered(k++);
+    if (k < nb && b.keys[k] == key) {  // the buffered write is newer
+      put_buffered(k++);
+      continue;
+    }
+    if (t & 1) continue;  // deleted
+    kp[o] = key;
+    std::memcpy(vp + o * w, plan.vals.data() + s * w, w);
+    o++;
+    taken[t >> 1]++;
+  }
+  while (k < nb) put_buffered(k++);
+  col->keys.resize(o);
+  col->values.resize(o * static_cast<size_t>(w));
+  uint64_t from_disk = 0;
+  for (size_t r = 0; r < taken.size(); r++) {
+    from_disk += taken[r];
+    *encoded += static_cast<double>(taken[r]) * plan.enc[r];
+  }
+  *useful += from_disk * ItemBytes(w);
+}
+
 uint64_t CloseDirectGaps(const std::vector<uint64_t>& slot, const std::vector<std::pair<uint32_t, uint32_t>>& span,
                          uint32_t w, ColumnData* col) {
   // Only the first and last page can be partial: the rest move as whole blocks.

@@ -117,6 +117,33 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ikeys, const std::vector<ui
 bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
                   std::vector<uint64_t>* scratch, double* encoded);
 
+// Dense placement: the dense merge for fixed-width values done as pages arrive. When the
+// feature's keys in the range span little more than its records (item ids), every key has a
+// slot; an arriving page writes each record whose version is newer than the slot's (seq
+// rank, tombstones included) into the slot, so pages may arrive in any order; the finish
+// sweeps the slots in key order with the buffered items (newer than any page) into the output.
+struct DensePlan {
+  uint64_t kmin = 0, span = 0;
+  uint64_t lo = 0, hi = 0;  // the scan range, hi inclusive
+  uint32_t w = 0;
+  std::vector<uint32_t> rank;  // per ref: its seq rank, 1 = oldest
+  std::vector<double> enc;     // per rank: encoded bytes per record of that page's segment
+  std::vector<uint32_t> tag;   // per slot: rank << 1 | tomb of the version held, 0 = none
+  HVec<uint8_t> vals;          // per slot: that version's value (uninitialised until written)
+};
+// False when the keys are not dense enough for slots to pay (the chunk merges then run).
+// `hi_incl`: the range's largest key.
+bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, uint32_t width,
+                        DensePlan* plan);
+// Writes ref j's records (segment `sv`, width set) into the slots; `scratch` holds its keys.
+// False (nothing more written) when the segment holds a key in the scan range outside the
+// key range the page table lists for it: the page and its metadata disagree.
+bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch);
+// The output: the slots' current versions merged with the buffered items, in key order.
+// Adds the logical and encoded bytes of the items taken from pages.
+void FinishDensePlacement(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, uint64_t* useful,
+                          double* encoded);
+
 // Direct placement: page j's records were decoded at col.keys[slot[j]..], of which
 // [span[j].first, span[j].second) are in range; moves them together. Returns the items kept.
 uint64_t CloseDirectGaps(const std::vector<uint64_t>& slot, const std::vector<std::pair<uint32_t, uint32_t>>& span,

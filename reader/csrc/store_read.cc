@@ -75,6 +75,10 @@ struct ScanFeature {
   bool planned = false;  // the plan is made at the feature's first page, while later reads are in flight
   bool place_failed = false;
   IndexPlan plan;
+  // Dense placement (fixed width, dense keys, see DensePlan): decided at the first page.
+  bool dense_planned = false;
+  bool dense_placed = false;
+  DensePlan dplan;
   std::vector<PageRef> refs;      // pages overlapping the range
   std::vector<PageChunk> chunks;  // one per ref (merge path)
   // Direct placement: a fixed-width feature whose pages are clean (no stale records, no
@@ -211,7 +215,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     }
     PlanDirect(&f, &(*out)[i]);
   }
-  std::vector<uint64_t> scratch;  // a page's decoded keys (index placement)
+  std::vector<uint64_t> scratch;  // a page's decoded keys (index and dense placement)
   auto plan = [&](size_t i) {
     ScanFeature& f = fs[i];
     f.planned = true;
@@ -241,6 +245,18 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
         continue;
       }
       if (!f.direct) {
+        if (!f.dense_planned) {
+          f.dense_planned = true;
+          f.dense_placed = PlanDensePlacement(f.refs, lo, to_end ? UINT64_MAX : hi - 1, f.def.fixed_width(), &f.dplan);
+        }
+        if (f.dense_placed) {
+          if (!PlaceDense(sv, j, &f.dplan, &scratch))
+            return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "': feature '" +
+                                      f.def.name + "' segment holds a key outside the key range [" +
+                                      std::to_string(ref.min_key) + ", " + std::to_string(ref.max_key) +
+                                      "] its metadata lists");
+          continue;
+        }
         DecodeChunk(sv, pv.seq(), lo, hi, to_end, ref.valid == ref.count, &f.chunks[j]);
         continue;
       }
@@ -272,6 +288,11 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       }
       index_merges_++;
       useful += f.plan.from_disk * ItemBytes(w);
+      items += col.keys.size();
+      continue;
+    }
+    if (f.dense_placed) {
+      FinishDensePlacement(f.dplan, f.buf, &col, &useful, &encoded);
       items += col.keys.size();
       continue;
     }

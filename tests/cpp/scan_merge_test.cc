@@ -300,6 +300,81 @@ TEST(ScanMerge, IndexPlacementRefusesAnIndexThatDisagrees) {
   EXPECT_FALSE(PlaceIndexed(pages[1].sv, plan, 1, &col, &scratch, &encoded));
 }
 
+TEST(ScanMerge, DensePlacementAgreesWithBruteForceInAnyPageOrder) {
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  int planned = 0;
+  for (const Scenario& sc : Scenarios()) {
+    if (sc.cs.size() < 2) continue;
+    const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
+    std::vector<PageRef> refs = ValidRefs(sc.cs);
+    for (size_t j = 0; j < refs.size(); j++) {
+      refs[j].min_key = sc.cs[j].keys.front();
+      refs[j].max_key = sc.cs[j].keys.back();
+    }
+    for (int order = 0; order < 2; order++) {
+      DensePlan plan;
+      if (!PlanDensePlacement(refs, 0, UINT64_MAX, 8, &plan)) continue;
+      planned++;
+      std::vector<uint64_t> scratch;
+      for (size_t x = 0; x < pages.size(); x++) {
+        const size_t j = order == 0 ? x : pages.size() - 1 - x;  // oldest first, then newest first
+        EXPECT_TRUE(PlaceDense(pages[j].sv, static_cast<uint32_t>(j), &plan, &scratch));
+      }
+      ColumnData col;
+      uint64_t useful = 0;
+      double encoded = 0;
+      FinishDensePlacement(plan, sc.buf, &col, &useful, &encoded);
+      EXPECT_EQ(Output(col), Expected(sc.cs, sc.buf)) << "order " << order;
+      uint64_t buffered = 0;
+      for (size_t e = 0; e < sc.buf.size(); e++) buffered += !sc.buf.tomb[e];
+      EXPECT_EQ(useful, (col.keys.size() - buffered) * 16);  // buffered keys here are all distinct from pages'
+    }
+  }
+  EXPECT_GE(planned, 4);  // the overlapping, buffered and dense scenarios, in both orders
+  // Keys far apart: no slots.
+  std::vector<PageRef> sparse(2);
+  sparse[0] = {1, 2, 2, 0, false, 1, 10, 1u << 30};
+  sparse[1] = {2, 2, 2, 0, false, 2, 5, 1u << 31};
+  DensePlan plan;
+  EXPECT_FALSE(PlanDensePlacement(sparse, 0, UINT64_MAX, 8, &plan));
+}
+
+TEST(ScanMerge, DensePlacementKeepsToTheRange) {
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  const Scenario sc = Scenarios()[3];  // many pages of a dense range
+  const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
+  std::vector<PageRef> refs = ValidRefs(sc.cs);
+  for (size_t j = 0; j < refs.size(); j++) {
+    refs[j].min_key = sc.cs[j].keys.front();
+    refs[j].max_key = sc.cs[j].keys.back();
+  }
+  DensePlan plan;
+  ASSERT_TRUE(PlanDensePlacement(refs, 100, 199, 8, &plan));
+  std::vector<uint64_t> scratch;
+  for (size_t j = 0; j < pages.size(); j++)
+    EXPECT_TRUE(PlaceDense(pages[j].sv, static_cast<uint32_t>(j), &plan, &scratch));
+  ColumnData col;
+  uint64_t useful = 0;
+  double encoded = 0;
+  FinishDensePlacement(plan, BufferedItems(), &col, &useful, &encoded);
+  std::map<uint64_t, int64_t> want;
+  for (const auto& [k, v] : Expected(sc.cs, BufferedItems()))
+    if (k >= 100 && k <= 199) want[k] = v;
+  EXPECT_EQ(Output(col), want);
+  // Metadata listing a narrower key range than the page holds: refused, not written outside.
+  std::vector<PageRef> narrow = refs;
+  for (PageRef& r : narrow) r.max_key = 120;
+  DensePlan p2;
+  ASSERT_TRUE(PlanDensePlacement(narrow, 100, 199, 8, &p2));
+  EXPECT_FALSE(PlaceDense(pages[0].sv, 0, &p2, &scratch));
+}
+
 TEST(ScanMerge, VariableWidthValuesAndOffsets) {
   PageChunk a, b;
   a.seq = 1;

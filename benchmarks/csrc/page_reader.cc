@@ -84,7 +84,8 @@ class Reader {
   void Run(const std::vector<Request>& reqs, OnDone&& on_done) {
     size_t next = 0, done = 0;
     unsigned inflight = 0;
-    while (done < reqs.size()) {
+    // Queues requests up to qd_ in flight.
+    auto fill = [&] {
       while (inflight < qd_ && next < reqs.size()) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         if (!sqe) break;
@@ -94,6 +95,9 @@ class Reader {
         next++;
         inflight++;
       }
+    };
+    while (done < reqs.size()) {
+      fill();
       int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0) Die("io_uring_submit_and_wait: " + std::string(strerror(-rc)));
       // Completions are collected first and handled after the queue is refilled below, so
@@ -113,15 +117,7 @@ class Reader {
       io_uring_cq_advance(&ring_, seen);
       inflight -= seen;
       done += seen;
-      while (inflight < qd_ && next < reqs.size()) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        if (!sqe) break;
-        const Request& r = reqs[next];
-        io_uring_prep_read(sqe, r.fd, r.dst, r.len, r.off);
-        io_uring_sqe_set_data64(sqe, next);
-        next++;
-        inflight++;
-      }
+      fill();
       if (io_uring_sq_ready(&ring_) > 0) {
         int rs = io_uring_submit(&ring_);
         if (rs < 0) Die("io_uring_submit: " + std::string(strerror(-rs)));
@@ -329,9 +325,6 @@ int main(int argc, char** argv) {
         const uint32_t e = static_cast<uint32_t>((xp - 1) & 0xffffffffu);
         if (!have_last || xk != last) {
           const uint8_t* p = cur[e].p;
-          uint64_t v0;
-          std::memcpy(&v0, p + 8, 8);
-          (void)v0;
           out_keys[nout] = xk;
           std::memcpy(&out_vals[nout * vbytes], p + 8, vbytes);
           nout++;

@@ -105,7 +105,7 @@ struct FeatureState {
   // close() writes their bytes back unchanged.
   bool index_lazy = false;
   std::string index_blob;
-  // With index_blob: the key range of each segment the index may name, by page id, taken
+  // With index_blob: the key range of each segment the index may name (its page id), taken
   // from the page table at the open. LoadIndex checks the decoded keys against these instead
   // of the page table, which readers must not read (it belongs to the writer, and a flush of
   // another feature may grow it meanwhile). A lazy feature's segments cannot change before

@@ -5,40 +5,17 @@
 #include <memory>
 
 #include "reader/csrc/key_index.h"
+#include "reader/csrc/page_map.h"
 #include "reader/csrc/types.h"
 
 namespace recflash {
 
 namespace {
 
-// Page id -> position in a feature's page list: open addressing, a few ns per lookup
-// whatever the page ids (a flat table over the id range could be megabytes for a
-// three-page feature of a large store).
-class ChunkOfPage {
- public:
-  explicit ChunkOfPage(const std::vector<PageRef>& refs) {
-    size_t cap = 16;
-    while (cap < 2 * refs.size()) cap <<= 1;
-    mask_ = cap - 1;
-    slots_.assign(cap, {UINT32_MAX, -1});
-    for (size_t j = 0; j < refs.size(); j++) {
-      size_t h = Hash(refs[j].page);
-      while (slots_[h].first != UINT32_MAX) h = (h + 1) & mask_;
-      slots_[h] = {refs[j].page, static_cast<int32_t>(j)};
-    }
-  }
-  int32_t Find(uint32_t page) const {
-    for (size_t h = Hash(page);; h = (h + 1) & mask_) {
-      if (slots_[h].first == page) return slots_[h].second;
-      if (slots_[h].first == UINT32_MAX) return -1;
-    }
-  }
-
- private:
-  size_t Hash(uint32_t page) const { return (page * 0x9E3779B1u) & mask_; }
-  size_t mask_;
-  std::vector<std::pair<uint32_t, int32_t>> slots_;
-};
+// A feature's refs by page id (a lookup per index entry).
+PageMap RefOfPage(const std::vector<PageRef>& refs, size_t lookups) {
+  return PageMap(refs.size(), [&](size_t j) { return refs[j].page; }, lookups);
+}
 
 }  // namespace
 
@@ -176,72 +153,35 @@ bool MergeByIndex(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& 
                   MergeSink* sink) {
   const std::vector<PageChunk>& cs = sink->cs;
   const BufferedItems& b = sink->buf;
-  const ChunkOfPage chunk_of(refs);
+  const PageMap chunk_of = RefOfPage(refs, ik.size());
   std::vector<uint32_t> cur(cs.size(), 0);
   const size_t nb = b.size();
   size_t& k = sink->k;
+  sink->col->keys.reserve(ik.size() + nb);
   // Each key's record is the next record of its page's chunk at or after that chunk's cursor
-  // (stale records are skipped on the way). on_buf(e) for a buffered entry (newer than any
-  // page), on_disk(c, r) for the record holding a key's current version.
-  auto walk = [&](auto&& on_buf, auto&& on_disk) -> bool {
-    for (size_t e = 0; e < ik.size(); e++) {
-      const uint64_t key = ik[e];
-      while (k < nb && b.keys[k] < key) on_buf(k++);
-      if (k < nb && b.keys[k] == key) {
-        on_buf(k++);
-        continue;
-      }
-      const uint32_t loc = il[e];
-      if (loc & KeyIndex::kTomb) continue;
-      const int32_t cj = chunk_of.Find(loc);
-      if (cj < 0) return false;
-      const uint32_t c = static_cast<uint32_t>(cj);
-      const PageChunk& ch = cs[c];
-      const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
-      uint32_t r = cur[c];
-      while (r < cn && ch.keys[r] < key) r++;
-      if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) return false;
-      cur[c] = r + 1;
-      on_disk(c, r);
+  // (stale records are skipped on the way); buffered entries are newer than any page.
+  for (size_t e = 0; e < ik.size(); e++) {
+    const uint64_t key = ik[e];
+    sink->EmitBufferedBelow(key);
+    if (k < nb && b.keys[k] == key) {
+      sink->EmitBuffered(k++);
+      continue;
     }
-    while (k < nb) on_buf(k++);
-    return true;
-  };
-  const uint32_t w = sink->w;
-  if (!w) {
-    sink->col->keys.reserve(ik.size() + nb);
-    return walk([&](size_t e) { sink->EmitBuffered(e); }, [&](uint32_t c, uint32_t r) { sink->CopyRecords(c, r, r + 1); });
+    const uint32_t loc = il[e];
+    if (loc & KeyIndex::kTomb) continue;
+    const int32_t cj = chunk_of.Find(loc);
+    if (cj < 0) return false;
+    const uint32_t c = static_cast<uint32_t>(cj);
+    const PageChunk& ch = cs[c];
+    const uint32_t cn = static_cast<uint32_t>(ch.keys.size());
+    uint32_t r = cur[c];
+    while (r < cn && ch.keys[r] < key) r++;
+    if (r == cn || ch.keys[r] != key || (!ch.tomb.empty() && ch.tomb[r])) return false;
+    cur[c] = r + 1;
+    sink->CopyRecords(c, r, r + 1);
   }
-  // Fixed width: the output sized for the worst case up front, written through raw pointers.
-  ColumnData& col = *sink->col;
-  col.keys.resize(ik.size() + nb);
-  col.values.resize((ik.size() + nb) * static_cast<size_t>(w));
-  uint64_t* kp = col.keys.data();
-  uint8_t* vp = col.values.data();
-  size_t o = 0, from_disk = 0;
-  auto put = [&](uint64_t key, const uint8_t* val) {
-    kp[o] = key;
-    if (w == 8) std::memcpy(vp + o * 8, val, 8);
-    else if (w == 4) std::memcpy(vp + o * 4, val, 4);
-    else std::memcpy(vp + o * w, val, w);
-    o++;
-  };
-  const bool ok = walk(
-      [&](size_t e) {
-        if (!b.tomb[e]) put(b.keys[e], b.value(e));
-      },
-      [&](uint32_t c, uint32_t r) {
-        const PageChunk& ch = cs[c];
-        sink->encoded += ch.enc;
-        from_disk++;
-        put(ch.keys[r], ch.vals.data() + static_cast<size_t>(r) * w);
-      });
-  if (ok) {
-    sink->useful += from_disk * ItemBytes(w);
-    col.keys.resize(o);
-    col.values.resize(o * static_cast<size_t>(w));
-  }
-  return ok;
+  sink->Finish();
+  return true;
 }
 
 bool MergeDense(const std::vector<uint32_t>& order, MergeSink* sink) {
@@ -361,25 +301,7 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint3
                         const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
                         IndexPlan* plan) {
   const size_t n = ik.size(), nb = b.size();
-  // Page id -> ref: a flat table over the refs' id span when that is small next to the
-  // entries (one load per entry), else the hash. This lookup is most of the plan's cost.
-  uint32_t pmin = UINT32_MAX, pmax = 0;
-  for (const PageRef& r : refs) {
-    pmin = std::min(pmin, r.page);
-    pmax = std::max(pmax, r.page);
-  }
-  std::vector<int32_t> flat;
-  std::unique_ptr<ChunkOfPage> hashed;
-  if (!refs.empty() && pmax - pmin <= 16 * n + 4096) {
-    flat.assign(pmax - pmin + 1, -1);
-    for (size_t j = 0; j < refs.size(); j++) flat[refs[j].page - pmin] = static_cast<int32_t>(j);
-  } else {
-    hashed = std::make_unique<ChunkOfPage>(refs);
-  }
-  auto ref_of = [&](uint32_t page) -> int32_t {
-    if (!hashed) return page - pmin < flat.size() ? flat[page - pmin] : -1;
-    return hashed->Find(page);
-  };
+  const PageMap ref_of = RefOfPage(refs, n);
   // Each ref's slots get room for its valid records (an index entry names a valid record of
   // its segment, so they cannot overflow unless index and pages disagree); one pass then
   // writes the output keys, the buffered values and every page's slots.
@@ -412,7 +334,7 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint3
     if (loc & KeyIndex::kTomb) continue;
     if (loc != last_page) {  // consecutive keys often share a page
       last_page = loc;
-      last_ref = ref_of(loc);
+      last_ref = ref_of.Find(loc);
       if (last_ref < 0) return false;
     }
     uint32_t& f = fill[last_ref];

@@ -78,7 +78,8 @@ struct MergeSink {
 // Chunks with records, in order of first key (newest seq first on ties).
 std::vector<uint32_t> ChunkOrder(const std::vector<PageChunk>& chunks);
 
-// Index-guided merge over an index copy (keys ascending, locs = page | KeyIndex::kTomb)
+// Index-guided merge over an index copy (keys ascending, locs = page | KeyIndex::kTomb);
+// scans use it for variable-width values (fixed-width ones take index placement below)
 // whose pages are `refs` (chunk j is page refs[j]). False when index and chunks disagree;
 // the sink is then as the call found it only if the caller Resets it.
 bool MergeByIndex(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,

@@ -2,6 +2,7 @@
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/fault_injection.h"
+#include "reader/csrc/page_map.h"
 #include "reader/csrc/store_internal.h"
 
 #include <fcntl.h>
@@ -327,31 +328,16 @@ Status StoreImpl::LoadIndex(FeatureState* f) {
                               "' does not decode");
   // Each key must fall in the key range of the segment its location names (LoadCheckpoint
   // checked the locations and counts; the keys are only decoded here).
-  // Consecutive keys mostly name different pages, so the page -> range lookup is per key: a
-  // flat table over the ranges' page-id span when it is small next to the index, else a
-  // binary search (ranges are sorted by page).
   const std::vector<FeatureState::SegmentRange>& ranges = f->index_ranges;
-  const uint32_t pmin = ranges.empty() ? 0 : ranges.front().page;
-  const uint64_t span = ranges.empty() ? 0 : uint64_t{ranges.back().page} - pmin + 1;
-  std::vector<int32_t> flat;
-  if (span > 0 && span <= 4 * idx.size() + 4096) {
-    flat.assign(span, -1);
-    for (size_t x = 0; x < ranges.size(); x++) flat[ranges[x].page - pmin] = static_cast<int32_t>(x);
-  }
+  const PageMap range_of(ranges.size(), [&](size_t x) { return ranges[x].page; }, idx.size());
   const FeatureState::SegmentRange* r = nullptr;
   uint32_t last = UINT32_MAX;
   for (size_t i = 0; i < idx.size(); i++) {
     const uint32_t pid = idx.loc(i) & ~KeyIndex::kTomb;
     if (pid != last) {
       last = pid;
-      if (!flat.empty()) {
-        const int32_t x = pid >= pmin && pid - pmin < span ? flat[pid - pmin] : -1;
-        r = x < 0 ? nullptr : &ranges[x];
-      } else {
-        auto it = std::lower_bound(ranges.begin(), ranges.end(), pid,
-                                   [](const FeatureState::SegmentRange& x, uint32_t p) { return x.page < p; });
-        r = it != ranges.end() && it->page == pid ? &*it : nullptr;
-      }
+      const int32_t x = range_of.Find(pid);
+      r = x < 0 ? nullptr : &ranges[x];
     }
     const uint64_t k = idx.key(i);
     if (!r || k < r->min_key || k > r->max_key)
@@ -779,9 +765,6 @@ bool StoreImpl::LoadCheckpoint() {
       st->index_ranges.push_back({pid, sm.min_key, sm.max_key});
     }
   }
-  for (FeatureState* st : features_.All())
-    std::sort(st->index_ranges.begin(), st->index_ranges.end(),
-              [](const FeatureState::SegmentRange& a, const FeatureState::SegmentRange& b) { return a.page < b.page; });
   return true;
 }
 

@@ -59,6 +59,9 @@ class StoreOptions:
     bulk_load: bool = False
     #: io_uring requests in flight per reader.
     queue_depth: int = 32
+    #: Threads that build the pages of a large flush (a bulk load's write buffer is sized,
+    #: dictionary-coded and packed on this many threads). 1: the flushing thread only.
+    build_threads: int = 2
     #: Largest coalesced read of adjacent pages.
     max_io_bytes: int = 256 << 10
     #: Verify block-granular embedding-row reads (vector-grained SLS) against crc32c sums of

@@ -88,6 +88,7 @@ const OptionField<StoreOptions> kStoreOptions[] = {
     RF_OPTION("sync_on_write", sync_on_write),
     RF_OPTION("bulk_load", bulk_load),
     RF_OPTION("queue_depth", queue_depth),
+    RF_OPTION("build_threads", build_threads),
     RF_OPTION("max_io_bytes", max_io_bytes),
     RF_OPTION("verify_block_reads", verify_block_reads),
     RF_OPTION("pinner_enabled", pinner.enabled),

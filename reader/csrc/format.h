@@ -141,6 +141,7 @@ class DistinctSet {
     }
   }
   uint32_t Insert(int64_t v);  // v is not in the set; returns its index (size() before)
+  void Truncate(uint32_t n);   // keeps the first n values (by index)
   uint32_t size() const { return static_cast<uint32_t>(order_.size()); }
   const std::vector<int64_t>& values() const { return order_; }  // by index
   void Release() {
@@ -189,6 +190,23 @@ class PageBuilder {
               bool checksum = true) const;
 
   uint32_t used_bytes() const;
+
+  // The open page's segments as items, for moving them into another builder (PageBatch
+  // gathers the partly filled last pages of its threads this way). Valid until the next Add.
+  struct SegItems {
+    uint32_t fid;
+    uint32_t width;            // 0 = variable: values delimited by offsets[0..n]
+    bool any_tomb;
+    const uint64_t* keys;
+    const uint8_t* values;
+    const uint32_t* offsets;   // variable only
+    size_t n;
+  };
+  size_t segments() const { return segs_.size(); }
+  SegItems segment(size_t i) const {
+    const Seg& s = segs_[i];
+    return {s.fid, s.width, s.any_tomb, s.keys.data(), s.values.data(), s.offsets.data(), s.keys.size()};
+  }
 
  private:
   struct Seg {

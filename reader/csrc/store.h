@@ -34,6 +34,10 @@ struct StoreOptions {
   // sync, as with the WAL and sync_on_write off; an importer resumes from its last sync.
   bool bulk_load = false;
   unsigned queue_depth = 32;              // io_uring requests in flight
+  // Threads that build the pages of a large flush (PageBatch: a bulk load's write buffer is
+  // sized, dictionary-coded and packed on this many threads while the flush holds the write
+  // lock). 1 builds on the flushing thread only.
+  unsigned build_threads = 2;
   // Block-granular row reads (Store::GatherRows) are checked against crc32c sums of their
   // 512 B blocks taken from checksum-verified whole-page reads; a packed page without sums is
   // read whole once first. false: block reads are not verified (no DRAM for the sums).

@@ -100,11 +100,13 @@ class StoreImpl final : public Store {
   friend class Store;  // Store::Open constructs and opens the engine
   struct WriteOp;
   struct Rec;
-  // A flush's append to a deferred-index feature: its buffered items, written as they are.
+  // A flush's append (puts above every stored key of the feature): its buffered items,
+  // written as they are (PageBatch::AddRuns), with no per-item record or index lookup.
   struct AppendRun {
     uint32_t fid;
     const BufferedItems* items;
     uint64_t bytes;  // logical bytes (8 + value per item)
+    bool indexed;    // the feature's index is materialized: its keys join it after the write
   };
 
   class Gather;  // one GatherRowsMany call (store_gather.cc)
@@ -206,7 +208,7 @@ class StoreImpl final : public Store {
   Merger merger_ RF_GUARDED_BY(write_mu_);
   Reclaimer reclaimer_ RF_GUARDED_BY(write_mu_);
   Status bg_error_ RF_GUARDED_BY(write_mu_);
-  std::vector<AlignedBuffer> write_blocks_ RF_GUARDED_BY(write_mu_);                  // page staging for writes, reused
+  std::vector<std::vector<AlignedBuffer>> write_blocks_ RF_GUARDED_BY(write_mu_);  // page staging, a pool per build thread, reused
 
   // Group commit queue.
   Mutex queue_mu_;

@@ -18,7 +18,11 @@ namespace store_internal {
 
 constexpr const char* kMarkerMagic = "recflash store";
 constexpr int kFormatVersion = 4;     // 2: aligned fixed-width values; 3: raw u64 keys; 4: dictionaries
-constexpr int kMinFormatVersion = 2;  // format 2 stores open (their pages stay readable)
+constexpr int kMinFormatVersion = 2;
+// A flush builds its appends on several threads only with at least this many items per thread
+// (about 100 packed pages): below, a thread's start and its partly filled page cost more than
+// it saves, and small flushes keep their one-thread layout.
+constexpr size_t kMinItemsPerBuildThread = 256 * 1024;  // format 2 stores open (their pages stay readable)
 
 inline double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -57,6 +57,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     return Status::InvalidArgument("write_buffer_bytes " + std::to_string(o_.write_buffer_bytes) +
                                    " must be at least 4 pages (" + std::to_string(4ull * ps) + ")");
   if (o_.queue_depth < 1 || o_.queue_depth > 4096) return Status::InvalidArgument("queue_depth must be in [1, 4096]");
+  if (o_.build_threads < 1 || o_.build_threads > 64) return Status::InvalidArgument("build_threads must be in [1, 64]");
   path_ = path;
   std::error_code ec;
   const fs::path root(path);

@@ -1,6 +1,7 @@
 #include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/page_batch.h"
 #include "reader/csrc/store_internal.h"
 
 #include <rocksdb/write_batch.h>
@@ -233,11 +234,21 @@ Status StoreImpl::FlushLocked(bool force) {
         for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.len[i]);
       }
       pstate_.user_bytes_written += bytes;
-      runs.push_back({fid, &b, bytes});
+      runs.push_back({fid, &b, bytes, false});
       continue;
     }
     s = MaterializeIndexLocked(f);
     if (!s.ok()) return bg_error_ = s;
+    // An append to a feature whose index is materialized (a merge or an update came before:
+    // a bulk load's small features are merged between its flushes) is still written as a
+    // run; its keys then join the index at its end, in one step.
+    if (IsAppend(f, b)) {
+      uint64_t bytes = 0;
+      for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.len[i]);
+      pstate_.user_bytes_written += bytes;
+      runs.push_back({fid, &b, bytes, true});
+      continue;
+    }
     size_t hint = 0;
     for (size_t i = 0; i < b.size(); i++) {
       const int64_t pos = f->index.FindFrom(b.keys[i], &hint);
@@ -374,72 +385,59 @@ Status StoreImpl::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::ve
                                  std::set<uint32_t>* dirty, std::set<uint32_t>* freed, uint64_t* pages_written) {
   *pages_written = 0;
   if (recs.empty() && runs.empty()) return Status::OK();
-  const uint32_t ps = o_.page_size;
-  constexpr uint32_t kBlockPages = 32;
-  std::vector<AlignedBuffer>& blocks = write_blocks_;  // reused across flushes: no faults
-  size_t blocks_used = 0;
-  std::vector<std::vector<SegmentSummary>> summaries;
-  std::vector<uint64_t> seqs;
+  PageBatch batch(o_.page_size, o_.compact_pages && !o_.accounting, !o_.accounting, &write_blocks_);
+  std::vector<AppendItems> appends;
+  appends.reserve(runs.size());
+  for (const AppendRun& run : runs) appends.push_back({&features_.Get(run.fid)->def, run.items});
+  // Accounting mode keeps its one-thread build: its figures are the layout's, item for item.
+  RF_RETURN_IF_ERROR(batch.AddRuns(appends, o_.accounting ? 1 : o_.build_threads, kMinItemsPerBuildThread));
   std::vector<uint32_t> rec_page(recs.size());
-  PageBuilder pb(ps, o_.compact_pages && !o_.accounting);
-  AlignedBuffer scratch(o_.accounting ? ps : 0);  // accounting: pages are built, not kept
-  auto page_ptr = [&](size_t i) RF_REQUIRES(write_mu_) {
-    return o_.accounting ? scratch.data() : blocks[i / kBlockPages].data() + (i % kBlockPages) * static_cast<size_t>(ps);
-  };
-  auto finish = [&]() RF_REQUIRES(write_mu_) {
-    const size_t i = summaries.size();
-    if (!o_.accounting && i % kBlockPages == 0 && ++blocks_used > blocks.size())
-      blocks.emplace_back(static_cast<size_t>(kBlockPages) * ps);
-    summaries.emplace_back();
-    seqs.push_back(pstate_.next_seq++);
-    // No checksum yet: StampPageId computes it once the page id is known.
-    pb.Finish(page_ptr(i), seqs.back(), 0, &summaries.back(), false);
-    pb.Reset();
-  };
-  auto too_large = [](const FeatureDef& def, uint64_t key) {
-    return Status::TooLarge("feature '" + def.name + "': the value of key " + std::to_string(key) +
-                            " does not fit in a page");
-  };
-  for (const AppendRun& run : runs) {
-    const FeatureDef& def = features_.Get(run.fid)->def;
-    const BufferedItems& b = *run.items;
-    const uint32_t w = def.fixed_width();
-    for (size_t i = 0; i < b.size();) {
-      const size_t k = w ? pb.AddRun(def, &b.keys[i], b.arena.data() + i * w, b.size() - i)
-                         : (pb.Add(def, b.keys[i], b.value(i), b.len[i], false) ? 1 : 0);
-      if (k == 0) {
-        if (pb.empty()) return too_large(def, b.keys[i]);
-        finish();
-        continue;
-      }
-      i += k;
-    }
-  }
   for (size_t r = 0; r < recs.size(); r++) {
     const Rec& x = recs[r];
-    const FeatureDef& def = features_.Get(x.fid)->def;
-    if (!pb.Add(def, x.key, x.value, x.len, x.tomb)) {
-      finish();
-      if (!pb.Add(def, x.key, x.value, x.len, x.tomb)) return too_large(def, x.key);
-    }
-    rec_page[r] = static_cast<uint32_t>(summaries.size());
+    RF_RETURN_IF_ERROR(batch.AddRecord(features_.Get(x.fid)->def, x.key, x.value, x.len, x.tomb));
+    rec_page[r] = static_cast<uint32_t>(batch.open_page());
   }
-  finish();
-  const size_t npages = summaries.size();
+  batch.Close();
+  const size_t npages = batch.size();
+  std::vector<uint64_t> seqs(npages);
+  for (size_t i = 0; i < npages; i++) seqs[i] = pstate_.next_seq++;
   const std::vector<uint32_t> ids = pages_.Allocate(static_cast<uint32_t>(npages));
-  if (!o_.accounting) RF_RETURN_IF_ERROR(WritePagesLocked(ids, page_ptr));
+  if (!o_.accounting) {
+    for (size_t i = 0; i < npages; i++) std::memcpy(batch.page(i) + offsetof(PageHeader, seq), &seqs[i], 8);
+    RF_RETURN_IF_ERROR(WritePagesLocked(ids, [&](size_t i) { return batch.page(i); }));
+  }
   pstate_.pages_written += npages;
   *pages_written = npages;
+  const std::vector<std::vector<SegmentSummary>>& summaries = batch.summaries();
 
   // The pages are durable: update the tables (committed to RocksDB by the caller).
   UpdateTablesLocked(recs, rec_page, ids, summaries, seqs, dirty, freed);
   if (!runs.empty()) {
+    // Where each key of an indexed run went: its segments, in page order, hold its items in
+    // key order (a PageBatch keeps each feature's items in order across its threads).
+    std::unordered_map<uint32_t, std::vector<uint32_t>> locs;
+    for (const AppendRun& run : runs)
+      if (run.indexed) locs[run.fid].reserve(run.items->size());
+    if (!locs.empty())
+      for (size_t i = 0; i < npages; i++)
+        for (const SegmentSummary& sum : summaries[i]) {
+          auto it = locs.find(sum.feature_id);
+          if (it != locs.end()) it->second.insert(it->second.end(), sum.count, ids[i]);
+        }
     MutexLock index_lock(&mu_);
     for (const AppendRun& run : runs) {
       FeatureState* f = features_.Get(run.fid);
       f->live_items += run.items->size();
       f->live_bytes += run.bytes;
-      f->index.AppendDeferred(run.items->size(), run.items->keys.back());
+      if (!run.indexed) {
+        f->index.AppendDeferred(run.items->size(), run.items->keys.back());
+        continue;
+      }
+      const std::vector<uint32_t>& l = locs[run.fid];
+      if (l.size() != run.items->size())
+        return Status::Corruption("flush: feature '" + f->def.name + "' wrote " + std::to_string(l.size()) +
+                                  " records of an append of " + std::to_string(run.items->size()));
+      f->index.InsertNew(run.items->keys, l, run.items->len);
     }
   }
   return Status::OK();
@@ -448,7 +446,6 @@ Status StoreImpl::WriteRecordsLocked(const std::vector<AppendRun>& runs, std::ve
 template <typename PagePtr>
 Status StoreImpl::WritePagesLocked(const std::vector<uint32_t>& ids, const PagePtr& page_ptr) {
   const uint32_t ps = o_.page_size;
-  constexpr uint32_t kBlockPages = 32;
   const size_t npages = ids.size();
   for (size_t i = 0; i < npages; i++) StampPageId(page_ptr(i), ps, ids[i]);
   if (npages) RF_RETURN_IF_ERROR(file_.Reserve(static_cast<uint64_t>(*std::max_element(ids.begin(), ids.end())) + 1));
@@ -457,7 +454,9 @@ Status StoreImpl::WritePagesLocked(const std::vector<uint32_t>& ids, const PageP
   std::vector<const uint8_t*> src;
   const uint32_t max_run = std::max(1u, o_.max_io_bytes / ps);
   for (size_t i = 0; i < npages; i++) {
-    if (!runs.empty() && ids[i] == runs.back().first + runs.back().count && i % kBlockPages != 0 &&
+    // One write needs the pages contiguous on disk and in memory (a staging block; the
+    // threads of a PageBatch fill blocks of their own).
+    if (!runs.empty() && ids[i] == runs.back().first + runs.back().count && page_ptr(i) == page_ptr(i - 1) + ps &&
         runs.back().count < max_run) {
       runs.back().count++;
     } else {

@@ -262,7 +262,7 @@ def _cpu() -> float:
 
 
 def profile_store(tsv: Path, workdir: Path, rows_wanted: int, write_buffer_mb: float, block_mb: float) -> dict:
-    from recflash.ingest.importer import ImportOptions, _open_store, _write_chunk
+    from recflash.ingest.importer import ImportOptions, _chunk_puts, _open_store, _write_chunk
     from recflash.ingest.sources import CriteoSource
 
     src = CriteoSource([str(tsv)], block_bytes=int(block_mb * MiB))
@@ -288,7 +288,7 @@ def profile_store(tsv: Path, workdir: Path, rows_wanted: int, write_buffer_mb: f
     since_sync = 0
     for ch in chunks:
         a = time.perf_counter()
-        n, b = _write_chunk(s, ch, key)
+        n, b = _write_chunk(s, _chunk_puts(ch, key))
         items += n
         since_sync += b
         if since_sync + b >= write_buffer_mb * MiB:

@@ -111,17 +111,23 @@ def _open_store(path: str, opts: ImportOptions):
 class _Reader(threading.Thread):
     """Pulls chunks from the source into a bounded queue."""
 
-    def __init__(self, source: Source, position: Optional[dict]):
+    def __init__(self, source: Source, position: Optional[dict], next_key: int):
         super().__init__(name="recflash-import-reader", daemon=True)
         self.source = source
         self.position = position
+        self.next_key = next_key
         self.q: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
         self.stop = threading.Event()
 
     def run(self) -> None:
         try:
             for chunk in self.source.chunks(self.position):
-                if not self._put(("chunk", chunk)):
+                # Each column's keys are selected here, off the writer thread (which the
+                # store's flushes keep busy): the writer only puts.
+                puts = _chunk_puts(chunk, self.next_key)
+                if chunk.keys is None:
+                    self.next_key += chunk.n_rows
+                if not self._put(("chunk", (chunk, puts))):
                     return
             self._put(("end", None))
         except BaseException as e:  # handed to the writer thread
@@ -208,7 +214,7 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         for name, t in schema.items():  # no-op when they exist with the same type
             store.create_feature(name, t)
 
-        reader = _Reader(source, position)
+        reader = _Reader(source, position, next_key)
         reader.start()
         write_s = 0.0
         checkpoint_bytes = max(1, int(opts.write_buffer_mb * (1 << 20)))
@@ -234,9 +240,9 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                     raise item
                 if kind == "end":
                     break
-                chunk: Chunk = item
+                chunk, puts = item
                 t0 = time.perf_counter()
-                written, chunk_bytes = _write_chunk(store, chunk, next_key)
+                written, chunk_bytes = _write_chunk(store, puts)
                 write_s += time.perf_counter() - t0
                 if chunk.keys is None:
                     next_key += chunk.n_rows
@@ -295,19 +301,27 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                 pass
 
 
-def _write_chunk(store, chunk: Chunk, next_key: int) -> tuple[int, int]:
-    """Puts a chunk; returns (items, their approximate buffered bytes: 8 per key + values)."""
+def _chunk_puts(chunk: Chunk, next_key: int) -> list[tuple[str, np.ndarray, Any]]:
+    """A chunk's puts: (feature, keys, values) per column with values; row-number keys start
+    at next_key."""
     if chunk.n_rows == 0:
-        return 0, 0
+        return []
     keys = chunk.keys if chunk.keys is not None else np.arange(next_key, next_key + chunk.n_rows, dtype=np.uint64)
-    written = nbytes = 0
+    puts = []
     for name, col in chunk.columns.items():
         k = keys if col.valid is None else keys[col.valid]
-        if len(k) == 0:
-            continue
-        store.put(name, k, col.values)
+        if len(k):
+            puts.append((name, k, col.values))
+    return puts
+
+
+def _write_chunk(store, puts: list[tuple[str, np.ndarray, Any]]) -> tuple[int, int]:
+    """Puts a chunk; returns (items, their approximate buffered bytes: 8 per key + values)."""
+    written = nbytes = 0
+    for name, k, values in puts:
+        store.put(name, k, values)
         written += len(k)
-        nbytes += 8 * len(k) + int(getattr(col.values, "nbytes", 0))
+        nbytes += 8 * len(k) + int(getattr(values, "nbytes", 0))
     return written, nbytes
 
 

@@ -40,20 +40,37 @@ uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
   return page_size - sizeof(PageHeader) - sizeof(SegDesc) - kSegBodyHeader - 8;
 }
 
-uint32_t DistinctSet::Insert(int64_t v) {
-  if ((order_.size() + 1) * 2 > slots_.size()) {  // grow at half load
-    const size_t cap = std::max<size_t>(64, slots_.size() * 2);
-    slots_.assign(cap, Entry{0, kAbsent});
-    mask_ = cap - 1;
-    shift_ = 64 - __builtin_ctzll(cap);
-    for (uint32_t k = 0; k < order_.size(); k++) {
-      size_t j = Slot(order_[k]);
-      while (slots_[j].index != kAbsent) j = (j + 1) & mask_;
-      slots_[j] = Entry{order_[k], k};
-    }
+void DistinctSet::Grow() {
+  const size_t cap = std::max<size_t>(64, slots_.size() * 2);
+  slots_.assign(cap, Entry{0, kAbsent});
+  mask_ = cap - 1;
+  shift_ = 64 - __builtin_ctzll(cap);
+  for (uint32_t k = 0; k < order_.size(); k++) {
+    size_t j = Slot(order_[k]);
+    while (slots_[j].index != kAbsent) j = (j + 1) & mask_;
+    slots_[j] = Entry{order_[k], k};
   }
+}
+
+uint32_t DistinctSet::Insert(int64_t v) {
+  if ((order_.size() + 1) * 2 > slots_.size()) Grow();  // at half load
   size_t i = Slot(v);
   while (slots_[i].index != kAbsent) i = (i + 1) & mask_;
+  const uint32_t index = static_cast<uint32_t>(order_.size());
+  slots_[i] = Entry{v, index};
+  order_.push_back(v);
+  return index;
+}
+
+uint32_t DistinctSet::FindOrInsert(int64_t v, bool may_insert) {
+  if ((order_.size() + 1) * 2 > slots_.size()) Grow();  // first: the slot the probe ends at stays valid
+  size_t i = Slot(v);
+  for (;; i = (i + 1) & mask_) {
+    const Entry& e = slots_[i];
+    if (e.index == kAbsent) break;
+    if (e.value == v) return e.index;
+  }
+  if (!may_insert) return kAbsent;
   const uint32_t index = static_cast<uint32_t>(order_.size());
   slots_[i] = Entry{v, index};
   order_.push_back(v);
@@ -239,12 +256,8 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
         if (packable) {
           int64_t v;
           std::memcpy(&v, values + 8 * j, 8);
-          if (dict) {
-            const uint32_t code = ds->Code(v);
-            // The entry that ends the dictionary is taken by the exact path below.
-            if (code == DistinctSet::kAbsent && ds->distinct.size() + 1 > kMaxDictEntries) break;
-            ds->Record(v, code);
-          }
+          // The entry that would end the dictionary is taken by the exact path below.
+          if (dict && !ds->Take(v)) break;
           lo = std::min(lo, v);
           hi = std::max(hi, v);
         }

@@ -141,6 +141,8 @@ class DistinctSet {
     }
   }
   uint32_t Insert(int64_t v);  // v is not in the set; returns its index (size() before)
+  // Index of v; when absent, inserts it if may_insert (else kAbsent). One probe for both.
+  uint32_t FindOrInsert(int64_t v, bool may_insert);
   void Truncate(uint32_t n);   // keeps the first n values (by index)
   uint32_t size() const { return static_cast<uint32_t>(order_.size()); }
   const std::vector<int64_t>& values() const { return order_; }  // by index
@@ -156,6 +158,7 @@ class DistinctSet {
     uint32_t index;
   };
   size_t Slot(int64_t v) const { return (static_cast<uint64_t>(v) * 0x9E3779B97F4A7C15ull) >> shift_; }
+  void Grow();  // doubles the slots (64 at first) and re-inserts in index order
   std::vector<Entry> slots_;
   std::vector<int64_t> order_;
   size_t mask_ = 0;
@@ -239,6 +242,19 @@ class PageBuilder {
       codes.push_back(static_cast<uint16_t>(code));
       last = v;
       last_code = code;
+    }
+    // Record(v, Code(v)) in one hash probe, unless v would be the entry past
+    // kMaxDictEntries: then nothing is recorded and false returned. dict_ok only.
+    bool Take(int64_t v) {
+      uint32_t code = last_code;
+      if (v != last || last_code == DistinctSet::kAbsent) {
+        code = distinct.FindOrInsert(v, distinct.size() < kMaxDictEntries);
+        if (code == DistinctSet::kAbsent) return false;
+      }
+      codes.push_back(static_cast<uint16_t>(code));
+      last = v;
+      last_code = code;
+      return true;
     }
     std::vector<uint64_t> keys;
     std::vector<uint8_t> tomb;

@@ -12,28 +12,30 @@ void FeatureBuffer::Append(const uint64_t* keys, size_t n, const uint8_t* values
   const size_t start = b.keys.size();
   b.keys.insert(b.keys.end(), keys, keys + n);
   b.tomb.insert(b.tomb.end(), n, tomb ? 1 : 0);
-  b.off.resize(start + n);
-  b.len.resize(start + n);
+  // reserve + push_back: resize would zero-fill both arrays before they are written (a
+  // bulk load appends tens of millions of items per second here).
+  if (b.off.capacity() < start + n) b.off.reserve(std::max(start + n, 2 * b.off.capacity()));
+  if (b.len.capacity() < start + n) b.len.reserve(std::max(start + n, 2 * b.len.capacity()));
   const uint64_t base = b.arena.size();
   if (tomb) {
     for (size_t i = 0; i < n; i++) {
-      b.off[start + i] = base;
-      b.len[start + i] = 0;
+      b.off.push_back(base);
+      b.len.push_back(0);
     }
     bytes_ += n * ItemBytes(0);
   } else if (width) {
     b.arena.insert(b.arena.end(), values, values + n * width);
     for (size_t i = 0; i < n; i++) {
-      b.off[start + i] = base + i * width;
-      b.len[start + i] = width;
+      b.off.push_back(base + i * width);
+      b.len.push_back(width);
     }
     bytes_ += n * ItemBytes(width);
   } else {
     b.arena.insert(b.arena.end(), values + offsets[0], values + offsets[n]);
     for (size_t i = 0; i < n; i++) {
-      b.off[start + i] = base + static_cast<uint64_t>(offsets[i] - offsets[0]);
-      b.len[start + i] = static_cast<uint32_t>(offsets[i + 1] - offsets[i]);
-      bytes_ += ItemBytes(b.len[start + i]);
+      b.off.push_back(base + static_cast<uint64_t>(offsets[i] - offsets[0]));
+      b.len.push_back(static_cast<uint32_t>(offsets[i + 1] - offsets[i]));
+      bytes_ += ItemBytes(b.len.back());
     }
   }
   // Keep the "already sorted" fast path for ascending appends (bulk loads).

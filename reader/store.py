@@ -354,7 +354,7 @@ def _outer_join(names, keys, arrays) -> pa.Table:
             out[name] = arr  # every key present: identical key sets (both sorted, unique)
             continue
         if dense_run:
-            pos = (k - np.uint64(kmin)).astype(np.int64)
+            pos = (k - np.uint64(kmin)).view(np.int64)  # < span: no copy to convert
         elif rank is not None:
             pos = rank[k - np.uint64(kmin)]
         else:

@@ -42,22 +42,22 @@ uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
 
 void DistinctSet::Grow() {
   const size_t cap = std::max<size_t>(64, slots_.size() * 2);
-  slots_.assign(cap, Entry{0, kAbsent});
+  slots_.assign(cap, kEmpty);
   mask_ = cap - 1;
   shift_ = 64 - __builtin_ctzll(cap);
   for (uint32_t k = 0; k < order_.size(); k++) {
     size_t j = Slot(order_[k]);
-    while (slots_[j].index != kAbsent) j = (j + 1) & mask_;
-    slots_[j] = Entry{order_[k], k};
+    while (slots_[j] != kEmpty) j = (j + 1) & mask_;
+    slots_[j] = static_cast<uint16_t>(k);
   }
 }
 
 uint32_t DistinctSet::Insert(int64_t v) {
   if ((order_.size() + 1) * 2 > slots_.size()) Grow();  // at half load
   size_t i = Slot(v);
-  while (slots_[i].index != kAbsent) i = (i + 1) & mask_;
+  while (slots_[i] != kEmpty) i = (i + 1) & mask_;
   const uint32_t index = static_cast<uint32_t>(order_.size());
-  slots_[i] = Entry{v, index};
+  slots_[i] = static_cast<uint16_t>(index);
   order_.push_back(v);
   return index;
 }
@@ -66,13 +66,13 @@ uint32_t DistinctSet::FindOrInsert(int64_t v, bool may_insert) {
   if ((order_.size() + 1) * 2 > slots_.size()) Grow();  // first: the slot the probe ends at stays valid
   size_t i = Slot(v);
   for (;; i = (i + 1) & mask_) {
-    const Entry& e = slots_[i];
-    if (e.index == kAbsent) break;
-    if (e.value == v) return e.index;
+    const uint16_t x = slots_[i];
+    if (x == kEmpty) break;
+    if (order_[x] == v) return x;
   }
   if (!may_insert) return kAbsent;
   const uint32_t index = static_cast<uint32_t>(order_.size());
-  slots_[i] = Entry{v, index};
+  slots_[i] = static_cast<uint16_t>(index);
   order_.push_back(v);
   return index;
 }
@@ -81,10 +81,10 @@ void DistinctSet::Truncate(uint32_t n) {
   // Newest first: an entry inserted last lies on no other entry's probe path (every slot a
   // later insert probed past was taken before it), so clearing its slot breaks no chain.
   while (order_.size() > n) {
-    const int64_t v = order_.back();
-    size_t i = Slot(v);
-    while (slots_[i].index == kAbsent || slots_[i].value != v) i = (i + 1) & mask_;
-    slots_[i].index = kAbsent;
+    const uint16_t last = static_cast<uint16_t>(order_.size() - 1);
+    size_t i = Slot(order_.back());
+    while (slots_[i] != last) i = (i + 1) & mask_;
+    slots_[i] = kEmpty;
     order_.pop_back();
   }
 }

@@ -400,17 +400,32 @@ bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t 
   plan->rank.assign(refs.size(), 0);
   for (uint32_t x = 0; x < by_seq.size(); x++) plan->rank[by_seq[x]] = x + 1;
   plan->enc.assign(refs.size() + 1, 0);
-  plan->tag.assign(plan->span, 0);
-  plan->vals.resize(plan->span * w);  // written where a tag is set, read only there
+  plan->stride = 4 + w;
+  plan->slots.resize(plan->span * plan->stride);  // values: written where a tag is set, read only there
+  uint8_t* p = plan->slots.data();
+  for (uint64_t s = 0; s < plan->span; s++, p += plan->stride) std::memset(p, 0, 4);
   return true;
 }
 
-bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch) {
-  const uint32_t rank = plan->rank[j];
-  plan->enc[rank] = sv.bytes_per_record();
-  const uint32_t w = plan->w;
-  uint32_t* tag = plan->tag.data();
-  uint8_t* vals = plan->vals.data();
+namespace {
+
+// Places one record's version in slot s if it is newer than the slot's (tag t).
+template <uint32_t kW>
+inline void PlaceSlot(uint8_t* slots, uint32_t stride, uint32_t w, uint64_t s, uint32_t t, const uint8_t* src,
+                      bool copy) {
+  uint8_t* p = slots + s * stride;
+  uint32_t have;
+  std::memcpy(&have, p, 4);
+  if (have >= t) return;  // a newer version of the key already landed
+  std::memcpy(p, &t, 4);
+  if (copy) std::memcpy(p + 4, src, kW ? kW : w);
+}
+
+template <uint32_t kW>
+bool PlaceDenseW(const SegmentView& sv, uint32_t rank, DensePlan* plan, std::vector<uint64_t>* scratch) {
+  const uint32_t w = kW ? kW : plan->w;
+  const uint32_t stride = plan->stride;
+  uint8_t* slots = plan->slots.data();
   if (sv.run_keys && !sv.tomb) {
     // Keys min_key, min_key + 1, ...: no decode, the records in range map to consecutive slots.
     const uint64_t a = std::max(sv.min_key, plan->lo);
@@ -420,11 +435,7 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
     const uint32_t t = rank << 1;
     const uint64_t s0 = a - plan->kmin;
     const uint8_t* src = sv.values + (a - sv.min_key) * w;
-    for (uint64_t s = s0, n = z - a + 1; n > 0; n--, s++, src += w) {
-      if (tag[s] >= t) continue;
-      tag[s] = t;
-      std::memcpy(vals + s * w, src, w);
-    }
+    for (uint64_t s = s0, n = z - a + 1; n > 0; n--, s++, src += w) PlaceSlot<kW>(slots, stride, w, s, t, src, true);
     return true;
   }
   scratch->resize(sv.count);
@@ -436,12 +447,22 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
     const uint64_t slot = key - plan->kmin;
     if (key < plan->kmin || slot >= plan->span) return false;
     const bool tomb = sv.is_tomb(r);
-    const uint32_t t = rank << 1 | (tomb ? 1u : 0u);
-    if (tag[slot] >= t) continue;  // a newer version of the key already landed
-    tag[slot] = t;
-    if (!tomb) std::memcpy(vals + slot * w, sv.values + static_cast<size_t>(r) * w, w);
+    PlaceSlot<kW>(slots, stride, w, slot, rank << 1 | (tomb ? 1u : 0u), sv.values + static_cast<size_t>(r) * w, !tomb);
   }
   return true;
+}
+
+}  // namespace
+
+bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch) {
+  const uint32_t rank = plan->rank[j];
+  plan->enc[rank] = sv.bytes_per_record();
+  // The common widths get a fixed-size copy.
+  switch (plan->w) {
+    case 4: return PlaceDenseW<4>(sv, rank, plan, scratch);
+    case 8: return PlaceDenseW<8>(sv, rank, plan, scratch);
+    default: return PlaceDenseW<0>(sv, rank, plan, scratch);
+  }
 }
 
 void FinishDensePlacement(const DensePlan& plan, const BufferedItems& b, ColumnData* col, uint64_t* useful,
@@ -463,21 +484,19 @@ void FinishDensePlacement(const DensePlan& plan, const BufferedItems& b, ColumnD
     o++;
   };
   if (nb == 0) {  // the common case: nothing buffered in the range
-    const uint32_t* tag = plan.tag.data();
-    const uint8_t* vals = plan.vals.data();
     for (uint64_t s = 0; s < plan.span; s++) {
-      const uint32_t t = tag[s];
+      const uint32_t t = plan.tag(s);
       if (t == 0 || (t & 1)) continue;  // no version, or deleted
       kp[o] = plan.kmin + s;
-      if (w == 4) std::memcpy(vp + o * 4, vals + s * 4, 4);
-      else if (w == 8) std::memcpy(vp + o * 8, vals + s * 8, 8);
-      else std::memcpy(vp + o * w, vals + s * w, w);
+      if (w == 4) std::memcpy(vp + o * 4, plan.val(s), 4);
+      else if (w == 8) std::memcpy(vp + o * 8, plan.val(s), 8);
+      else std::memcpy(vp + o * w, plan.val(s), w);
       o++;
       taken[t >> 1]++;
     }
   }
   for (uint64_t s = 0; nb > 0 && s < plan.span; s++) {
-    const uint32_t t = plan.tag[s];
+    const uint32_t t = plan.tag(s);
     if (t == 0) continue;
     const uint64_t key = plan.kmin + s;
     while (k < nb && b.keys[k] < key) put_buffered(k++);
@@ -487,7 +506,7 @@ void FinishDensePlacement(const DensePlan& plan, const BufferedItems& b, ColumnD
     }
     if (t & 1) continue;  // deleted
     kp[o] = key;
-    std::memcpy(vp + o * w, plan.vals.data() + s * w, w);
+    std::memcpy(vp + o * w, plan.val(s), w);
     o++;
     taken[t >> 1]++;
   }

@@ -15,6 +15,7 @@
 // Direct placement (clean, disjoint fixed-width pages decoded straight into the output) is
 // the scan's own fast path; CloseDirectGaps finishes it.
 #pragma once
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -129,8 +130,17 @@ struct DensePlan {
   uint32_t w = 0;
   std::vector<uint32_t> rank;  // per ref: its seq rank, 1 = oldest
   std::vector<double> enc;     // per rank: encoded bytes per record of that page's segment
-  std::vector<uint32_t> tag;   // per slot: rank << 1 | tomb of the version held, 0 = none
-  HVec<uint8_t> vals;          // per slot: that version's value (uninitialised until written)
+  // Per slot, interleaved (stride 4 + w): a u32 tag, rank << 1 | tomb of the version held
+  // (0 = none), then that version's value (uninitialised until written). Update pages place
+  // their records at scattered slots: tag and value in one cache line, not two arrays.
+  uint32_t stride = 0;
+  HVec<uint8_t> slots;
+  uint32_t tag(uint64_t s) const {
+    uint32_t t;
+    std::memcpy(&t, slots.data() + s * stride, 4);
+    return t;
+  }
+  const uint8_t* val(uint64_t s) const { return slots.data() + s * stride + 4; }
 };
 // False when the keys are not dense enough for slots to pay (the chunk merges then run).
 // `hi_incl`: the range's largest key.

@@ -152,6 +152,41 @@ TEST(PageFormat, AddRunMatchesAdd) {
   }
 }
 
+// Varint key decoding takes eight one-byte deltas at once; runs of them of every length next
+// to longer deltas, and streams ending at every offset, decode to the keys written.
+TEST(PageFormat, VarintKeysDecodeAcrossOneByteRuns) {
+  const FeatureDef d = Def(ValueType::kFloat32);
+  std::mt19937_64 rng(7);
+  for (size_t n : {1, 7, 8, 9, 15, 16, 17, 31, 64, 333, 1200}) {
+    for (int mode = 0; mode < 3; mode++) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << " mode " << mode);
+      std::vector<uint64_t> keys;
+      uint64_t x = 5;
+      for (size_t i = 0; i < n; i++) {
+        uint64_t delta = 1 + rng() % 127;                           // one byte
+        if (mode == 1 && rng() % 9 == 0) delta = 128 + rng() % 20000;  // two or three bytes
+        if (mode == 2 && i % 8 == 5) delta = (1ull << 40) + rng() % 1000;  // six bytes
+        keys.push_back(x += delta);
+      }
+      PageBuilder pb(kPage, false);
+      const float v = 1.5f;
+      size_t took = 0;
+      while (took < n && pb.Add(d, keys[took], reinterpret_cast<const uint8_t*>(&v), 4, false)) took++;
+      ASSERT_EQ(took, n);
+      std::vector<uint8_t> buf(kPage);
+      pb.Finish(buf.data(), 1, 0, nullptr);
+      PageView pv;
+      ASSERT_TRUE(PageView::Parse(buf.data(), kPage, 0, "test", &pv).ok());
+      SegmentView sv;
+      ASSERT_TRUE(pv.Find(d.id, &sv));
+      sv.width = 4;
+      std::vector<uint64_t> got(sv.count);
+      sv.DecodeKeys(got.data());
+      ASSERT_EQ(got, keys);
+    }
+  }
+}
+
 TEST(PageFormat, VerificationCatchesCorruptionAndMisdirection) {
   const FeatureDef d = Def(ValueType::kFloat32);
   PageBuilder pb(kPage);

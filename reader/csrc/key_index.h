@@ -77,6 +77,8 @@ class KeyIndex {
   void Erase(const std::vector<size_t>& positions);
   // Checkpoint form (clean shutdown): appended to / parsed from a byte string.
   void Serialize(std::string* out) const;
+  // Whether a Serialize output holds a dense run (read without decoding it).
+  static bool SerializedDense(const std::string& blob) { return !blob.empty() && blob[0] == 1; }
   bool Deserialize(const char** p, const char* end);
   // What a serialized index claims, read without decoding its keys: enough for the
   // checkpoint loader to check it against the page table before trusting it.

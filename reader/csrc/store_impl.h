@@ -125,6 +125,8 @@ class StoreImpl final : public Store {
   // The feature's key index, decoded from its checkpoint bytes on first use (FeatureState::
   // index_lazy). Thread-safe; call before touching f->index.
   Status LoadIndex(FeatureState* f);
+  // Whether f's index is still encoded and is a dense run (a scan can do without it).
+  bool IndexPendingDense(FeatureState* f);
   FeatureState* FeatureStateFor(uint32_t fid);
   void ResetDerivedLocked() RF_REQUIRES(write_mu_, mu_);
   Status CheckWritable();

@@ -318,6 +318,11 @@ FeatureState* StoreImpl::FeatureStateFor(uint32_t fid) {
   return const_cast<FeatureState*>(ReaderFeatures().Get(fid));  // LoadIndex fills it, under lazy_mu_
 }
 
+bool StoreImpl::IndexPendingDense(FeatureState* f) {
+  MutexLock l(&lazy_mu_);
+  return f->index_lazy && KeyIndex::SerializedDense(f->index_blob);
+}
+
 Status StoreImpl::LoadIndex(FeatureState* f) {
   MutexLock l(&lazy_mu_);
   if (!f->index_lazy) return Status::OK();

@@ -168,8 +168,11 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   std::vector<ScanFeature> fs(nf);
   for (size_t i = 0; i < nf; i++) {
     RF_RETURN_IF_ERROR(FeatureFor(names[i], &fs[i].def));
-    // Checkpointed key indexes decode on first use; the index-guided merge needs them.
-    if (FeatureState* f = FeatureStateFor(fs[i].def.id)) RF_RETURN_IF_ERROR(LoadIndex(f));
+    // Checkpointed key indexes decode on first use; the index-guided merge needs them. It
+    // never runs for a dense index, so a checkpointed dense one stays encoded (decoding it,
+    // 4 B per key, was the largest cost of a feature's first scan after an open).
+    if (FeatureState* f = FeatureStateFor(fs[i].def.id); f && !(use_index && IndexPendingDense(f)))
+      RF_RETURN_IF_ERROR(LoadIndex(f));
   }
   out->assign(nf, ColumnData());
   std::shared_ptr<const Version> v;
@@ -184,7 +187,8 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       if (FeatureBuffer* fb = buffer_.find(sf.def.id)) fb->CopyRange(lo, hi, &sf.buf);
       if (!use_index || index_ahead_ || o_.accounting || v->refs(sf.def.id).empty()) continue;
       const FeatureState* f = ReaderFeatures().Get(sf.def.id);
-      if (!f || f->index.dense()) continue;  // dense keys: the scatter merge is as fast
+      // Dense keys (also a dense index not decoded yet): the scatter merge is as fast.
+      if (!f || f->index.dense() || f->index_lazy) continue;
       if (!Overlapping(v->refs(sf.def.id))) continue;  // direct placement or a plain concatenation
       f->index.CopyRange(lo, hi, &sf.ikeys, &sf.ilocs);
       sf.indexed = true;

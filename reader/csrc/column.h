@@ -10,10 +10,16 @@
 namespace recflash {
 
 // Allocator for read results: large buffers are 2 MiB aligned and advised for transparent
-// huge pages, so filling a multi-GB scan result costs few page faults. resize(n) leaves new
+// huge pages, so filling a multi-GB scan result costs few page faults, and freed ones are
+// reused by later reads (huge_alloc.cc: fresh memory is zero-filled by the kernel). resize(n) leaves new
 // elements uninitialised (default-initialised, as std::make_unique_for_overwrite does): a
 // read sizes its output and then writes every element it keeps, so zero-filling first was
 // a pass over the whole result for nothing. resize(n, value) still writes value.
+void* HugeAllocate(size_t bytes);
+// Frees a HugeAllocate block of `bytes` (what was asked for); large blocks are kept for reuse
+// (huge_alloc.cc).
+void HugeFree(void* p, size_t bytes);
+
 template <typename T>
 struct HugeAlloc {
   using value_type = T;
@@ -21,7 +27,7 @@ struct HugeAlloc {
   template <typename U>
   HugeAlloc(const HugeAlloc<U>&) {}
   T* allocate(size_t n);
-  void deallocate(T* p, size_t) { std::free(p); }
+  void deallocate(T* p, size_t n) { HugeFree(p, n * sizeof(T)); }
   template <typename U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
@@ -33,7 +39,6 @@ struct HugeAlloc {
   template <typename U>
   bool operator==(const HugeAlloc<U>&) const { return true; }
 };
-void* HugeAllocate(size_t bytes);
 template <typename T>
 T* HugeAlloc<T>::allocate(size_t n) {
   return static_cast<T*>(HugeAllocate(n * sizeof(T)));

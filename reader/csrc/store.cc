@@ -46,20 +46,6 @@ Status SyncDir(const std::string& dir) {
 
 }  // namespace store_internal
 
-void* HugeAllocate(size_t bytes) {
-  constexpr size_t kHuge = 2u << 20;
-  if (bytes < kHuge) {
-    void* p = std::malloc(bytes ? bytes : 1);
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
-  void* p = nullptr;
-  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-  if (posix_memalign(&p, kHuge, rounded) != 0) throw std::bad_alloc();
-  ::madvise(p, rounded, MADV_HUGEPAGE);
-  return p;
-}
-
 // ---------------------------------------------------------------------------------------
 // Open / recovery
 

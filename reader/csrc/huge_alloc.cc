@@ -1,0 +1,96 @@
+// Buffers of read results (HugeAlloc, column.h): 2 MiB aligned, advised for transparent huge
+// pages, and kept for reuse when freed.
+//
+// Why a cache. A scan's output and its dense-placement slots are tens of MB of fresh memory,
+// which the kernel zero-fills page by page on first touch; on this kind of virtual machine that
+// ran at 1-2 GB/s and was a third of a large feature's first scan, and most of a many-feature
+// scan_many. Freed blocks (numpy releasing a scanned column, a scan's scratch) wait here for the
+// next read of a similar size instead of going back to the kernel. The cache is bounded
+// (kCacheBytes): beyond it blocks are freed as before.
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <map>
+#include <new>
+#include <unordered_map>
+
+#include "reader/csrc/column.h"
+#include "reader/csrc/mutex.h"
+
+namespace recflash {
+
+namespace {
+
+constexpr size_t kHuge = 2u << 20;
+constexpr size_t kCacheBytes = 256u << 20;  // per process; what a long-running reader keeps beyond its live data
+
+class BlockCache {
+ public:
+  void* Take(size_t bytes) {
+    MutexLock l(&mu_);
+    // Best fit among blocks no more than twice the request (a small read does not pin a
+    // large block).
+    auto it = free_.lower_bound(bytes);
+    if (it == free_.end() || it->first > 2 * bytes) return nullptr;
+    void* p = it->second;
+    cached_ -= it->first;
+    free_.erase(it);
+    return p;
+  }
+  void Track(void* p, size_t bytes) {
+    MutexLock l(&mu_);
+    size_of_[p] = bytes;
+  }
+  // Keeps p for reuse, or frees it when the cache is full.
+  void Give(void* p) {
+    MutexLock l(&mu_);
+    auto it = size_of_.find(p);
+    const size_t bytes = it == size_of_.end() ? 0 : it->second;
+    if (bytes && cached_ + bytes <= kCacheBytes) {
+      free_.emplace(bytes, p);
+      cached_ += bytes;
+      return;
+    }
+    if (it != size_of_.end()) size_of_.erase(it);
+    std::free(p);
+  }
+
+ private:
+  Mutex mu_;
+  std::multimap<size_t, void*> free_ RF_GUARDED_BY(mu_);     // size -> cached block
+  std::unordered_map<void*, size_t> size_of_ RF_GUARDED_BY(mu_);  // every large block's size
+  size_t cached_ RF_GUARDED_BY(mu_) = 0;
+};
+
+BlockCache& Cache() {
+  static BlockCache* c = new BlockCache();  // never destroyed: frees may come during exit
+  return *c;
+}
+
+}  // namespace
+
+void* HugeAllocate(size_t bytes) {
+  if (bytes < kHuge) {
+    void* p = std::malloc(bytes ? bytes : 1);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  if (void* p = Cache().Take(rounded)) return p;
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, rounded) != 0) throw std::bad_alloc();
+  ::madvise(p, rounded, MADV_HUGEPAGE);
+  Cache().Track(p, rounded);
+  return p;
+}
+
+void HugeFree(void* p, size_t bytes) {
+  if (!p) return;
+  if (bytes < kHuge) {
+    std::free(p);
+    return;
+  }
+  Cache().Give(p);
+}
+
+}  // namespace recflash

@@ -52,16 +52,6 @@ void DistinctSet::Grow() {
   }
 }
 
-uint32_t DistinctSet::Insert(int64_t v) {
-  if ((order_.size() + 1) * 2 > slots_.size()) Grow();  // at half load
-  size_t i = Slot(v);
-  while (slots_[i] != kEmpty) i = (i + 1) & mask_;
-  const uint32_t index = static_cast<uint32_t>(order_.size());
-  slots_[i] = static_cast<uint16_t>(index);
-  order_.push_back(v);
-  return index;
-}
-
 uint32_t DistinctSet::FindOrInsert(int64_t v, bool may_insert) {
   if ((order_.size() + 1) * 2 > slots_.size()) Grow();  // first: the slot the probe ends at stays valid
   size_t i = Slot(v);

@@ -144,7 +144,6 @@ class DistinctSet {
       if (order_[x] == v) return x;
     }
   }
-  uint32_t Insert(int64_t v);  // v is not in the set; returns its index (size() before)
   // Index of v; when absent, inserts it if may_insert (else kAbsent). One probe for both.
   uint32_t FindOrInsert(int64_t v, bool may_insert);
   void Truncate(uint32_t n);   // keeps the first n values (by index)
@@ -239,7 +238,7 @@ class PageBuilder {
           std::vector<uint16_t>().swap(codes);
           return;
         }
-        code = distinct.Insert(v);
+        code = distinct.FindOrInsert(v, true);
       }
       codes.push_back(static_cast<uint16_t>(code));
       last = v;

@@ -226,7 +226,15 @@ Status StoreImpl::FlushLocked(bool force) {
     FeatureState* f = features_.Get(fid);
     const BufferedItems& b = WriterBuffer().find(fid)->items();
     f->touched = true;
-    if (f->index.deferred() && IsAppend(f, b)) {
+    // An append (IsAppend) is written as a run. A deferred index stays deferred; to a
+    // materialized one (a merge or an update came before: a bulk load's small features are
+    // merged between its flushes) the run's keys are added at its end, in one step.
+    const bool append = IsAppend(f, b);
+    if (!(append && f->index.deferred())) {
+      s = MaterializeIndexLocked(f);
+      if (!s.ok()) return bg_error_ = s;
+    }
+    if (append) {
       uint64_t bytes = 0;
       if (f->def.fixed_width()) {
         bytes = b.size() * ItemBytes(f->def.fixed_width());
@@ -234,19 +242,7 @@ Status StoreImpl::FlushLocked(bool force) {
         for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.len[i]);
       }
       pstate_.user_bytes_written += bytes;
-      runs.push_back({fid, &b, bytes, false});
-      continue;
-    }
-    s = MaterializeIndexLocked(f);
-    if (!s.ok()) return bg_error_ = s;
-    // An append to a feature whose index is materialized (a merge or an update came before:
-    // a bulk load's small features are merged between its flushes) is still written as a
-    // run; its keys then join the index at its end, in one step.
-    if (IsAppend(f, b)) {
-      uint64_t bytes = 0;
-      for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.len[i]);
-      pstate_.user_bytes_written += bytes;
-      runs.push_back({fid, &b, bytes, true});
+      runs.push_back({fid, &b, bytes, !f->index.deferred()});
       continue;
     }
     size_t hint = 0;

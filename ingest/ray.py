@@ -202,6 +202,10 @@ class RecFlashDatasource(Datasource):
         per = max(1, int(math.ceil(total / max(1, parallelism))))
         return split_key_range(ranges, per, self._key_range, max_tasks=parallelism)
 
+    def num_read_tasks(self) -> int:
+        """The number of read tasks ``rows_per_task`` gives (before any projection)."""
+        return len(self._splits(1))
+
     def estimate_inmemory_data_size(self) -> Optional[int]:
         return sum(n for _, _, n in self._splits(1)) * self._row_bytes()
 
@@ -244,6 +248,12 @@ def read_store(store_path: str, features: Optional[Sequence[str]] = None, *, key
     """``ray.data.read_datasource(RecFlashDatasource(...), **ray_args)``: a Dataset of Arrow
     blocks with ``key`` and one column per feature."""
     ds = RecFlashDatasource(store_path, features=features, key_range=key_range, rows_per_task=rows_per_task)
+    if rows_per_task is not None and "override_num_blocks" not in ray_args:
+        # One block per read task. Left to itself, Ray asks for about one block per MiB of
+        # the estimated size and splits each task's table to match (2 M rows of 8 features:
+        # 129 blocks of 1 MiB, each its own object, most batches then concatenated across
+        # two of them), which cost ~0.8 s of a 1.1 s epoch on 2 cores.
+        ray_args["override_num_blocks"] = ds.num_read_tasks()
     return ray.data.read_datasource(ds, **ray_args)
 
 

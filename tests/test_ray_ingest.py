@@ -133,6 +133,23 @@ def test_datasource_rows_and_values_equal_scan_many(cluster, store):
     assert ds.schema().names == ["key"] + feats
 
 
+def test_one_block_per_read_task(cluster, store):
+    """read_store asks Ray for one block per read task: left to itself Ray cuts each task's
+    table into ~1 MiB blocks, which cost most of an epoch's time (benchmarks/ray_ingest.py)."""
+    from recflash.ingest.ray import RecFlashDatasource, read_store
+
+    feats = ["label", "I1", "C1", "C2"]
+    n_tasks = RecFlashDatasource(store, features=feats, rows_per_task=6000).num_read_tasks()
+    assert n_tasks > 1
+    ds = read_store(store, features=feats, rows_per_task=6000).select_columns(feats + ["key"]).materialize()
+    assert ds.num_blocks() == n_tasks
+    assert _all(ds).select(["key"] + feats).equals(_reference(store, feats))
+    # An explicit override_num_blocks is the caller's and is kept.
+    ds2 = read_store(store, features=feats, rows_per_task=6000, override_num_blocks=2 * n_tasks).materialize()
+    assert ds2.num_blocks() == 2 * n_tasks
+    assert _all(ds2).equals(_reference(store, feats))
+
+
 def test_projection_reaches_the_read(cluster, store, capsys):
     from recflash.ingest.ray import RecFlashDatasource, read_store
 

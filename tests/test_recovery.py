@@ -113,3 +113,23 @@ def test_empty_wal_segments_do_not_pile_up(store_path):
     for _ in range(5):
         Store.open(store_path, small_options()).close()
     assert len(os.listdir(os.path.join(store_path, "wal"))) <= 1
+
+
+def test_clean_close_leaves_no_metadata_log_to_replay(store_path):
+    """A clean close moves RocksDB's log into a table file, so the next open (every Ray read
+    task opens the store) reads a table instead of replaying the whole session's commits."""
+    rng = np.random.default_rng(11)
+    with Store.open(store_path, small_options()) as s:
+        _fill(s, rng)
+        s.create_feature("x", "int64")
+        for lo in range(0, 1_500_000, 100_000):  # ~3,000 pages: a page table worth a table file
+            s.put("x", np.arange(lo, lo + 100_000, dtype=np.uint64), rng.integers(0, 2**62, 100_000))
+        want = {f: s.scan(f) for f in ("a", "b", "c", "x")}
+    meta = os.path.join(store_path, "meta")
+    logs = [f for f in os.listdir(meta) if f.endswith(".log")]
+    assert logs and all(os.path.getsize(os.path.join(meta, f)) == 0 for f in logs), logs
+    assert any(f.endswith(".sst") for f in os.listdir(meta))
+    for ro in (True, False):
+        with Store.open(store_path, small_options(), read_only=ro) as s:
+            for f, t in want.items():
+                assert s.scan(f).equals(t), f

@@ -11,6 +11,7 @@
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/fault_injection.h"
+#include "reader/csrc/file_util.h"
 
 namespace recflash {
 
@@ -102,10 +103,8 @@ Status BlockSums::Save(const std::string& path) {
 }
 
 void BlockSums::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
+  std::string buf;
+  if (!ReadWholeFile(path, &buf)) return;
   const size_t head = 8 + 4 + 4 + 8;
   if (buf.size() < head + 4 || std::memcmp(buf.data(), kMagic, 8) != 0) return;
   uint32_t ps, bs, crc;
@@ -121,7 +120,7 @@ void BlockSums::Load(const std::string& path) {
   if (crc32c::Value(buf.data(), buf.size() - 4) != crc) return;
   WriterLock l(&mu_);
   pages_.reserve(count);
-  const uint8_t* p = buf.data() + head;
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(buf.data()) + head;
   for (uint64_t i = 0; i < count; i++, p += entry) {
     uint32_t page;
     Entry e;

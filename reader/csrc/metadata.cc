@@ -1,15 +1,17 @@
 #include "reader/csrc/metadata.h"
 
 #include <rocksdb/db.h>
-#include <rocksdb/write_batch.h>
-#include <cerrno>
-#include "reader/csrc/fault_injection.h"
-
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+
+#include "reader/csrc/fault_injection.h"
 
 namespace recflash {
 
@@ -139,6 +141,31 @@ size_t FeatureTable::MemoryBytes() const {
 MetaStore::MetaStore() = default;
 
 void MetaStore::Close() { db_.reset(); }
+
+Status MetaStore::FlushLog() {
+  // Only a log worth replaying, and only with ample room: a table file written into a nearly
+  // full disk fails, and RocksDB (built with assertions, as Debian ships it) aborts the
+  // process when the DB is then closed. Skipping costs only the replay at the next open.
+  constexpr uint64_t kMinLogBytes = 128u << 10;
+  constexpr uint64_t kMinFreeBytes = 64u << 20;
+  uint64_t log_bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+    if (e.path().extension() == ".log") {
+      const auto n = std::filesystem::file_size(e.path(), ec);
+      if (!ec) log_bytes += n;
+    }
+  if (ec || log_bytes < kMinLogBytes) return Status::OK();
+  struct statvfs fs;
+  if (::statvfs(dir_.c_str(), &fs) != 0) return Status::OK();
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (free_bytes < kMinFreeBytes + 4 * log_bytes) return Status::OK();
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  rocksdb::Status s = db_->Flush(fo);
+  if (!s.ok()) return Status::IOError("metadata flush failed in '" + dir_ + "': " + s.ToString());
+  return Status::OK();
+}
 
 MetaStore::~MetaStore() { db_.reset(); }
 

@@ -176,6 +176,9 @@ Status StoreImpl::Close() {
     // Block checksums are a cache of verified page contents: losing them only costs a
     // whole-page read per page later, so a failure to save them does not fail the close.
     if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(StoreFileName(path_, FileKind::kBlockSums));
+    // The metadata is committed either way (synced log); the flush only makes later opens
+    // cheaper, so its failure does not fail the close either.
+    if (s.ok() && !o_.accounting) (void)meta_.FlushLog();
     MutexLock l(&mu_);
     closed_ = true;
     versions_.AssertHeld();

@@ -2,6 +2,7 @@
 
 #include "reader/csrc/crc32c.h"
 #include "reader/csrc/fault_injection.h"
+#include "reader/csrc/file_util.h"
 #include "reader/csrc/page_map.h"
 #include "reader/csrc/store_internal.h"
 
@@ -699,9 +700,8 @@ Status StoreImpl::WriteCheckpoint() {
 }
 
 bool StoreImpl::LoadCheckpoint() {
-  std::ifstream in(StoreFileName(path_, FileKind::kCheckpoint), std::ios::binary);
-  if (!in) return false;
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string data;
+  if (!ReadWholeFile(StoreFileName(path_, FileKind::kCheckpoint), &data)) return false;
   if (data.size() < 4) return false;
   uint32_t crc;
   std::memcpy(&crc, data.data() + data.size() - 4, 4);

@@ -325,55 +325,26 @@ def _np_array(values: np.ndarray, type_: pa.DataType, valid: Optional[np.ndarray
 
 def _outer_join(names, keys, arrays) -> pa.Table:
     """Outer join of per-feature (sorted unique keys, values) on key, null where a feature
-    lacks a key. Row-number-like keys (span at most 8x the longest column) use a presence
-    bitmap and prefix counts — O(rows), no sort; other key sets fall back to np.unique."""
-    nonempty = [k for k in keys if len(k)]
-    if not nonempty:
-        return pa.table({"key": _np_array(np.zeros(0, np.uint64), pa.uint64()), **dict(zip(names, arrays))})
-    kmin = min(int(k[0]) for k in nonempty)
-    kmax = max(int(k[-1]) for k in nonempty)
-    span = kmax - kmin + 1
-    longest = max(len(k) for k in keys)
-    rank = None
-    dense_run = longest == span and kmax < _MAX_KEY  # one feature has every key of the span
-    if dense_run:
-        all_keys = np.arange(kmin, kmax + 1, dtype=np.uint64)
-    elif span <= 8 * longest + 1024 and kmax < _MAX_KEY:
-        present = np.zeros(span, dtype=bool)
-        for k in nonempty:
-            present[k - np.uint64(kmin)] = True
-        all_keys = np.flatnonzero(present).astype(np.uint64) + np.uint64(kmin)
-        rank = np.cumsum(present, dtype=np.int64)
-        rank -= 1
-    else:
-        all_keys = np.unique(np.concatenate(nonempty))
+    lacks a key (_native.join_keys: the key union and each feature's rows, O(rows) for
+    row-number-like keys)."""
+    all_keys, rows = _native.join_keys([np.ascontiguousarray(k, dtype=np.uint64) for k in keys])
     n = len(all_keys)
-    out = {"key": _np_array(all_keys.astype(np.uint64, copy=False), pa.uint64())}
-    for name, k, arr in zip(names, keys, arrays):
-        if len(k) == n:
-            out[name] = arr  # every key present: identical key sets (both sorted, unique)
-            continue
-        if dense_run:
-            pos = (k - np.uint64(kmin)).view(np.int64)  # < span: no copy to convert
-        elif rank is not None:
-            pos = rank[k - np.uint64(kmin)]
-        else:
-            pos = np.searchsorted(all_keys, k)
-        out[name] = _spread(arr, pos, n)
+    out = {"key": _np_array(all_keys, pa.uint64())}
+    for name, arr, pos in zip(names, arrays, rows):
+        out[name] = arr if pos is None else _spread(arr, pos, n)
     return pa.table(out)
 
 
 def _spread(arr: pa.Array, pos: np.ndarray, n: int) -> pa.Array:
-    """An array of length n with arr's values at positions pos and nulls elsewhere."""
+    """An array of length n with arr's values at rows pos (ascending) and nulls elsewhere."""
     t = arr.type
+    if (pa.types.is_int64(t) or pa.types.is_float32(t)) and arr.null_count == 0:
+        w = t.bit_width // 8
+        values = np.frombuffer(arr.buffers()[1], dtype=np.uint8, count=len(arr) * w, offset=arr.offset * w)
+        validity, vals = _native.spread_fixed(values, w, pos, n)
+        return pa.Array.from_buffers(t, n, [pa.py_buffer(validity), pa.py_buffer(vals)], null_count=n - len(pos))
     mask = np.zeros(n, dtype=bool)
     mask[pos] = True
-    validity = pa.py_buffer(np.packbits(mask, bitorder="little"))
-    if (pa.types.is_int64(t) or pa.types.is_float32(t)) and arr.null_count == 0:
-        dtype = np.int64 if pa.types.is_int64(t) else np.float32
-        vals = np.zeros(n, dtype=dtype)
-        vals[pos] = np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize)
-        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(vals)], null_count=n - len(pos))
     idx = np.zeros(n, dtype=np.int64)
     idx[pos] = np.arange(len(pos), dtype=np.int64)
     return arr.take(_np_array(idx, pa.int64(), valid=mask))

@@ -1,6 +1,7 @@
 // Python bindings of the store: one call per batch, numpy buffers in and out, the GIL released
 // while the engine works. Status codes become the exception classes of recflash.reader.errors.
 // Only the store is bound here; ingest/csrc and ndp/csrc bind their own code.
+#include "reader/csrc/outer_join.h"
 #include "reader/csrc/py_bindings.h"
 
 #include "reader/csrc/filename.h"
@@ -342,6 +343,48 @@ void InitReader(py::module_& m) {
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);
+  m.def(
+      "join_keys",
+      [](const std::vector<py::array_t<uint64_t, py::array::c_style>>& keys) {
+        std::vector<KeySpan> in;
+        for (const auto& k : keys) in.push_back({k.data(), static_cast<size_t>(k.size())});
+        JoinedKeys j;
+        {
+          py::gil_scoped_release nogil;
+          JoinKeys(in, &j);
+        }
+        py::list pos;
+        for (size_t i = 0; i < in.size(); i++) {
+          if (j.identical[i]) pos.append(py::none());
+          else pos.append(ToNumpy(std::move(j.pos[i])));
+        }
+        return py::make_tuple(ToNumpy(std::move(j.keys)), pos);
+      },
+      py::arg("keys"),
+      "Union of sorted unique uint64 key arrays -> (keys, [row of each input key, or None "
+      "where the input holds every key])");
+  m.def(
+      "spread_fixed",
+      [](py::array_t<uint8_t, py::array::c_style> values, uint32_t width,
+         py::array_t<int64_t, py::array::c_style> pos, size_t n) {
+        const size_t count = static_cast<size_t>(pos.size());
+        if (width == 0 || static_cast<size_t>(values.size()) < count * width)
+          throw py::value_error("spread_fixed: " + std::to_string(values.size()) + " value bytes for " +
+                                std::to_string(count) + " values of width " + std::to_string(width));
+        const int64_t* p = pos.data();
+        for (size_t r = 0; r < count; r++)
+          if (p[r] < 0 || static_cast<size_t>(p[r]) >= n || (r && p[r] <= p[r - 1]))
+            throw py::value_error("spread_fixed: rows must ascend within [0, " + std::to_string(n) + ")");
+        HVec<uint8_t> out(n * width), validity((n + 7) / 8);
+        {
+          py::gil_scoped_release nogil;
+          SpreadFixed(values.data(), count, width, p, n, out.data(), validity.data());
+        }
+        return py::make_tuple(ToNumpy(std::move(validity)), ToNumpy(std::move(out)));
+      },
+      py::arg("values"), py::arg("width"), py::arg("pos"), py::arg("n"),
+      "count fixed-width values to rows pos (ascending) of an n-row column -> (validity bitmap, "
+      "values; zero bytes where null)");
   m.attr("MAX_KEY") = py::int_(UINT64_MAX);
   m.attr("STORE_OPTION_NAMES") = OptionNames(kStoreOptions);
   m.def("parse_value_type", &ParseValueTypePy, py::arg("type"),

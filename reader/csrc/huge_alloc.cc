@@ -22,6 +22,8 @@ namespace recflash {
 namespace {
 
 constexpr size_t kHuge = 2u << 20;
+constexpr size_t kMinCached = 64u << 10;  // smaller blocks: plain malloc (glibc keeps them)
+constexpr size_t kGrain = 64u << 10;
 constexpr size_t kCacheBytes = 256u << 20;  // per process; what a long-running reader keeps beyond its live data
 
 class BlockCache {
@@ -67,26 +69,35 @@ BlockCache& Cache() {
   return *c;
 }
 
+// Blocks below kHuge are rounded to kGrain and cached too: a Ray read task's columns are a
+// few hundred KB to 2 MB each, and glibc returns freed blocks of that size to the kernel
+// (above its mmap threshold, or by trimming the heap's top), so every task faulted in and
+// zero-filled its whole output again.
+size_t Rounded(size_t bytes) {
+  const size_t grain = bytes < kHuge ? kGrain : kHuge;
+  return (bytes + grain - 1) / grain * grain;
+}
+
 }  // namespace
 
 void* HugeAllocate(size_t bytes) {
-  if (bytes < kHuge) {
+  if (bytes < kMinCached) {
     void* p = std::malloc(bytes ? bytes : 1);
     if (!p) throw std::bad_alloc();
     return p;
   }
-  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  const size_t rounded = Rounded(bytes);
   if (void* p = Cache().Take(rounded)) return p;
   void* p = nullptr;
-  if (posix_memalign(&p, kHuge, rounded) != 0) throw std::bad_alloc();
-  ::madvise(p, rounded, MADV_HUGEPAGE);
+  if (posix_memalign(&p, rounded >= kHuge ? kHuge : 4096, rounded) != 0) throw std::bad_alloc();
+  if (rounded >= kHuge) ::madvise(p, rounded, MADV_HUGEPAGE);
   Cache().Track(p, rounded);
   return p;
 }
 
 void HugeFree(void* p, size_t bytes) {
   if (!p) return;
-  if (bytes < kHuge) {
+  if (bytes < kMinCached) {
     std::free(p);
     return;
   }

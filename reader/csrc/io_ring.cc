@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "reader/csrc/fault_injection.h"
 
@@ -55,6 +56,7 @@ Status IoRing::Create(unsigned depth, uint32_t slot_bytes, std::unique_ptr<IoRin
   std::unique_ptr<IoRing> r(new IoRing());
   r->depth_ = depth;
   r->slot_bytes_ = slot_bytes;
+  r->owner_pid_ = ::getpid();
   int rc = io_uring_queue_init(depth * 2, &r->ring_, 0);
   if (rc < 0) return Status::FromErrno("io_uring_queue_init", "(ring)", -rc);
   r->ring_ok_ = true;
@@ -408,12 +410,29 @@ Status IoRing::WriteRuns(int fd, const std::string& path, uint32_t page_size, co
   return status;
 }
 
+IoRingPool* IoRingPool::Shared(unsigned depth, uint32_t slot_bytes) {
+  static Mutex mu;
+  static auto* pools = new std::map<std::pair<unsigned, uint32_t>, std::unique_ptr<IoRingPool>>();
+  MutexLock l(&mu);
+  auto& p = (*pools)[{depth, slot_bytes}];
+  // A few idle rings per shape: enough for a process's concurrent scans to reuse theirs.
+  if (!p) p = std::make_unique<IoRingPool>(depth, slot_bytes, 4);
+  return p.get();
+}
+
 Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out) {
   {
     MutexLock l(&mu_);
-    if (!free_.empty()) {
-      *out = std::move(free_.back());
+    while (!free_.empty()) {
+      std::unique_ptr<IoRing> r = std::move(free_.back());
       free_.pop_back();
+      if (r->owner_pid() != ::getpid()) {
+        // Inherited through fork(): the kernel ring is the parent's. Leak it (its memory is
+        // this process's copy) rather than unregister the parent's buffers.
+        (void)r.release();
+        continue;
+      }
+      *out = std::move(r);
       return Status::OK();
     }
   }
@@ -421,9 +440,13 @@ Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out) {
 }
 
 void IoRingPool::Release(std::unique_ptr<IoRing> r) {
-  if (r->broken()) return;  // requests may still be outstanding: never lend it out again
+  if (!r || r->broken()) return;  // requests may still be outstanding: never lend it out again
+  if (r->owner_pid() != ::getpid()) {
+    (void)r.release();  // created before a fork (see Acquire)
+    return;
+  }
   MutexLock l(&mu_);
-  if (free_.size() < 8) free_.push_back(std::move(r));
+  if (free_.size() < max_idle_) free_.push_back(std::move(r));
 }
 
 }  // namespace recflash

@@ -72,6 +72,9 @@ class IoRing {
   // that could not be drained (the kernel refused every submit) reports broken() and the
   // pool drops it.
   bool broken() const { return broken_; }
+  // The process that created the ring. A forked child shares the kernel ring with its
+  // parent: it must neither use it nor tear it down (IoRingPool drops such rings).
+  int owner_pid() const { return owner_pid_; }
   // Reads every run (each at most slot_bytes) from fd, calling cb as runs complete.
   Status ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                   const RunCallback& cb);
@@ -105,20 +108,34 @@ class IoRing {
   uint32_t slot_bytes_ = 0;
   AlignedBuffer slots_;  // depth_ slots of slot_bytes_, registered with the ring
   bool registered_ = false;
+  int owner_pid_ = 0;
 };
 
 // A small pool so concurrent readers each get a ring of their own.
+//
+// Pools are shared by every store of the process (Shared): a ring's registered slots are
+// megabytes the kernel zero-fills and pins, so creating them made up half of a read-only
+// open, and a Ray worker opens the store once per read task. A closed store's rings wait
+// here for the next open; at most `max_idle` of them per pool.
 class IoRingPool {
  public:
-  IoRingPool(unsigned depth, uint32_t slot_bytes) : depth_(depth), slot_bytes_(slot_bytes) {}
+  IoRingPool(unsigned depth, uint32_t slot_bytes, size_t max_idle = 8)
+      : depth_(depth), slot_bytes_(slot_bytes), max_idle_(max_idle) {}
+  // The process-wide pool for rings of this shape (never destroyed).
+  static IoRingPool* Shared(unsigned depth, uint32_t slot_bytes);
   Status Acquire(std::unique_ptr<IoRing>* out);
   void Release(std::unique_ptr<IoRing> r);
+  size_t idle() {
+    MutexLock l(&mu_);
+    return free_.size();
+  }
 
  private:
   Mutex mu_;
   std::vector<std::unique_ptr<IoRing>> free_ RF_GUARDED_BY(mu_);
   unsigned depth_;
   uint32_t slot_bytes_;
+  size_t max_idle_;
 };
 
 // RAII lease of a ring from a pool.

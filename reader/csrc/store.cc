@@ -186,9 +186,7 @@ Status StoreImpl::Close() {
     wal_.Close();
   }
   file_.Close();
-  write_ring_.reset();
-  rings_.reset();
-  block_rings_.reset();
+  if (write_ring_) rings_->Release(std::move(write_ring_));
   meta_.Close();
   if (lock_fd_ >= 0) {
     ::flock(lock_fd_, LOCK_UN);

@@ -191,9 +191,9 @@ class StoreImpl final : public Store {
   int lock_fd_ = -1;
   PageFile file_;
   MetaStore meta_;
-  std::unique_ptr<IoRingPool> rings_;
-  std::unique_ptr<IoRing> write_ring_;
-  std::unique_ptr<IoRingPool> block_rings_;  // small slots, deep queue: vector-grained reads
+  IoRingPool* rings_ = nullptr;  // process-wide pools (IoRingPool::Shared)
+  std::unique_ptr<IoRing> write_ring_;  // from rings_, given back at close
+  IoRingPool* block_rings_ = nullptr;  // small slots, deep queue: vector-grained reads
   uint32_t block_size_ = 512;                // device logical block (O_DIRECT alignment)
   std::unique_ptr<BlockSums> block_sums_;    // checksums of blocks that vector reads verify
   std::once_flag block_sums_loaded_;

@@ -273,7 +273,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     return Status::OK();
   };
   if (!pids.empty()) {
-    RingLease ring(rings_.get());
+    RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
     Status rs = ReadPages(ring.get(), pids, cb);
     if (!rs.ok()) return ExplainReadFailure(rs);
@@ -425,7 +425,7 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
     return Status::OK();
   };
   if (!pids.empty()) {
-    RingLease ring(rings_.get());
+    RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
     Status rs = ReadPages(ring.get(), pids, cb);
     if (!rs.ok()) return ExplainReadFailure(rs);

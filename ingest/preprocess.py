@@ -133,7 +133,14 @@ class Preprocessor:
                 np.copyto(row, _fixed(a, np.float32))
             if self.dense_transform == "log1p":
                 np.maximum(row, 0.0, out=row)
-                np.log1p(row, out=row)
+                if pa.types.is_int64(t):
+                    # Integer counts (Criteo's): 1 + x is exact below 2**24, so log(1 + x) is
+                    # log1p within one ulp, and numpy's float32 log is vectorised (~5x faster
+                    # than log1p; log1p was half of a training batch's preprocessing).
+                    np.add(row, 1.0, out=row)
+                    np.log(row, out=row)
+                else:
+                    np.log1p(row, out=row)
             m = valid_mask(arr)
             if m is not None:
                 row[~m] = self.dense_fill

@@ -270,7 +270,8 @@ class TorchRecCollate(ArrowBatchCollateFn):
         self._needed = list(preprocessor.features)
 
     def __call__(self, batch: pa.Table) -> Any:
-        missing = [c for c in self._needed if c not in batch.column_names]
+        have = set(batch.column_names)
+        missing = [c for c in self._needed if c not in have]
         if missing:
             raise InvalidArgumentError(f"TorchRecCollate: the batch lacks column(s) {missing} that the preprocessor "
                                        f"needs (batch has {batch.column_names}); read them from the store")

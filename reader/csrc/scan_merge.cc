@@ -313,37 +313,46 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint3
   col->values.resize((n + nb) * static_cast<size_t>(w));
   uint64_t* kp = col->keys.data();
   uint8_t* vp = col->values.data();
-  size_t o = 0, k = 0;
-  auto put_buffered = [&](size_t e) {
-    if (b.tomb[e]) return;
-    kp[o] = b.keys[e];
-    std::memcpy(vp + o * w, b.value(e), w);
+  uint64_t* slots = plan->slots.data();
+  size_t o = 0, k = 0, e = 0;
+  auto put_buffered = [&](size_t x) {
+    if (b.tomb[x]) return;
+    kp[o] = b.keys[x];
+    std::memcpy(vp + o * w, b.value(x), w);
     o++;
   };
+  // The current ref: its next slot and the end of its room, kept in registers while
+  // consecutive entries name its page (they mostly do) and written back on a change.
   uint32_t last_page = UINT32_MAX;
   int32_t last_ref = -1;
+  uint32_t f = 0, f_end = 0;
   uint64_t from_disk = 0;
-  for (size_t e = 0; e < n; e++) {
-    const uint64_t key = ik[e];
-    while (k < nb && b.keys[k] < key) put_buffered(k++);
-    if (k < nb && b.keys[k] == key) {  // the buffered write is newer
-      put_buffered(k++);
-      continue;
+  while (true) {
+    // Entries below the next buffered key (all of them when nothing is buffered, the usual
+    // case) take the tight loop.
+    const size_t e_stop =
+        k < nb ? static_cast<size_t>(std::lower_bound(ik.begin() + e, ik.end(), b.keys[k]) - ik.begin()) : n;
+    for (; e < e_stop; e++) {
+      const uint32_t loc = il[e];
+      if (loc != last_page) {
+        if (loc & KeyIndex::kTomb) continue;  // (last_page never carries the tomb bit)
+        if (last_ref >= 0) fill[last_ref] = f;
+        last_page = loc;
+        last_ref = ref_of.Find(loc);
+        if (last_ref < 0) return false;
+        f = fill[last_ref];
+        f_end = plan->first[last_ref + 1];
+      }
+      if (f == f_end) return false;  // more entries than the segment's valid records
+      slots[f++] = o;
+      kp[o++] = ik[e];
+      from_disk++;
     }
-    const uint32_t loc = il[e];
-    if (loc & KeyIndex::kTomb) continue;
-    if (loc != last_page) {  // consecutive keys often share a page
-      last_page = loc;
-      last_ref = ref_of.Find(loc);
-      if (last_ref < 0) return false;
-    }
-    uint32_t& f = fill[last_ref];
-    if (f == plan->first[last_ref + 1]) return false;  // more entries than the segment's valid records
-    plan->slots[f++] = o;
-    kp[o++] = key;
-    from_disk++;
+    if (k == nb) break;  // e == n
+    if (e < n && ik[e] == b.keys[k]) e++;  // the buffered write is newer
+    put_buffered(k++);
   }
-  while (k < nb) put_buffered(k++);
+  if (last_ref >= 0) fill[last_ref] = f;
   col->keys.resize(o);
   col->values.resize(o * static_cast<size_t>(w));
   plan->fill = std::move(fill);
@@ -351,31 +360,44 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint3
   return true;
 }
 
-bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
-                  std::vector<uint64_t>* scratch, double* encoded) {
-  const uint64_t* s = plan.slots.data() + plan.first[j];
-  const uint64_t* const s_end = plan.slots.data() + plan.fill[j];
-  if (s == s_end) return true;
+namespace {
+
+template <uint32_t kW>
+bool PlaceIndexedW(const SegmentView& sv, const uint64_t* s, const uint64_t* s_end, ColumnData* col,
+                   std::vector<uint64_t>* scratch) {
   scratch->resize(sv.count);
   uint64_t* pk = scratch->data();
   sv.DecodeKeys(pk);
   const uint64_t* kp = col->keys.data();
   uint8_t* vp = col->values.data();
-  const uint32_t w = sv.width;
+  const uint32_t w = kW ? kW : sv.width;
+  const uint8_t* src = sv.values;
   uint32_t r = 0;
   const uint32_t cn = sv.count;
-  const size_t taken = static_cast<size_t>(s_end - s);
+  const bool tombs = sv.tomb != nullptr;
   for (; s != s_end; ++s) {
     const uint64_t key = kp[*s];
     // Stale records (older versions the index no longer names) are skipped on the way.
     while (r < cn && pk[r] < key) r++;
-    if (r == cn || pk[r] != key || sv.is_tomb(r)) return false;
-    if (w == 8) std::memcpy(vp + *s * 8, sv.values + static_cast<size_t>(r) * 8, 8);
-    else if (w == 4) std::memcpy(vp + *s * 4, sv.values + static_cast<size_t>(r) * 4, 4);
-    else std::memcpy(vp + *s * w, sv.values + static_cast<size_t>(r) * w, w);
+    if (r == cn || pk[r] != key || (tombs && sv.is_tomb(r))) return false;
+    std::memcpy(vp + *s * w, src + static_cast<size_t>(r) * w, w);
     r++;
   }
-  *encoded += static_cast<double>(taken) * sv.bytes_per_record();
+  return true;
+}
+
+}  // namespace
+
+bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
+                  std::vector<uint64_t>* scratch, double* encoded) {
+  const uint64_t* s = plan.slots.data() + plan.first[j];
+  const uint64_t* const s_end = plan.slots.data() + plan.fill[j];
+  if (s == s_end) return true;
+  const bool ok = sv.width == 8   ? PlaceIndexedW<8>(sv, s, s_end, col, scratch)
+                  : sv.width == 4 ? PlaceIndexedW<4>(sv, s, s_end, col, scratch)
+                                  : PlaceIndexedW<0>(sv, s, s_end, col, scratch);
+  if (!ok) return false;
+  *encoded += static_cast<double>(s_end - s) * sv.bytes_per_record();
   return true;
 }
 

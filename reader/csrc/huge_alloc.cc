@@ -1,12 +1,13 @@
-// Buffers of read results (HugeAlloc, column.h): 2 MiB aligned, advised for transparent huge
-// pages, and kept for reuse when freed.
+// Buffers of read results (HugeAlloc, column.h): from 64 KiB up kept for reuse when freed;
+// from 2 MiB up also 2 MiB aligned and advised for transparent huge pages.
 //
 // Why a cache. A scan's output and its dense-placement slots are tens of MB of fresh memory,
 // which the kernel zero-fills page by page on first touch; on this kind of virtual machine that
 // ran at 1-2 GB/s and was a third of a large feature's first scan, and most of a many-feature
 // scan_many. Freed blocks (numpy releasing a scanned column, a scan's scratch) wait here for the
 // next read of a similar size instead of going back to the kernel. The cache is bounded
-// (kCacheBytes): beyond it blocks are freed as before.
+// (kCacheBytes): beyond it blocks are freed as before. Blocks below 2 MiB count too: a Ray
+// read task's columns are that size, and glibc hands such blocks back to the kernel.
 #include <sys/mman.h>
 
 #include <cstdlib>

@@ -125,10 +125,6 @@ class IoRingPool {
   static IoRingPool* Shared(unsigned depth, uint32_t slot_bytes);
   Status Acquire(std::unique_ptr<IoRing>* out);
   void Release(std::unique_ptr<IoRing> r);
-  size_t idle() {
-    MutexLock l(&mu_);
-    return free_.size();
-  }
 
  private:
   Mutex mu_;

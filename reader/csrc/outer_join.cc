@@ -5,6 +5,24 @@
 
 namespace recflash {
 
+namespace {
+
+// Each input's rows in a union of n keys: none for an input holding all n (identical), else
+// rows_of(input, out) writes one row per key.
+template <typename RowsOf>
+void FillRows(const std::vector<KeySpan>& in, size_t n, JoinedKeys* out, const RowsOf& rows_of) {
+  for (size_t i = 0; i < in.size(); i++) {
+    if (in[i].n == n) {
+      out->identical[i] = 1;
+      continue;
+    }
+    out->pos[i].resize(in[i].n);
+    rows_of(in[i], out->pos[i].data());
+  }
+}
+
+}  // namespace
+
 void JoinKeys(const std::vector<KeySpan>& in, JoinedKeys* out) {
   const size_t m = in.size();
   out->keys.clear();
@@ -27,16 +45,9 @@ void JoinKeys(const std::vector<KeySpan>& in, JoinedKeys* out) {
     // One input holds every key of the span: the union is the run itself.
     out->keys.resize(longest);
     for (size_t r = 0; r < longest; r++) out->keys[r] = kmin + r;
-    for (size_t i = 0; i < m; i++) {
-      const KeySpan& s = in[i];
-      if (s.n == longest) {
-        out->identical[i] = 1;
-        continue;
-      }
-      HVec<int64_t>& p = out->pos[i];
-      p.resize(s.n);
+    FillRows(in, longest, out, [&](const KeySpan& s, int64_t* p) {
       for (size_t r = 0; r < s.n; r++) p[r] = static_cast<int64_t>(s.keys[r] - kmin);
-    }
+    });
     return;
   }
   if (span_m1 < 8ull * longest + 1024) {
@@ -50,16 +61,9 @@ void JoinKeys(const std::vector<KeySpan>& in, JoinedKeys* out) {
     out->keys.resize(n);
     for (size_t x = 0; x < span; x++)
       if (rank[x]) out->keys[rank[x] - 1] = kmin + x;
-    for (size_t i = 0; i < m; i++) {
-      const KeySpan& s = in[i];
-      if (s.n == n) {
-        out->identical[i] = 1;
-        continue;
-      }
-      HVec<int64_t>& p = out->pos[i];
-      p.resize(s.n);
+    FillRows(in, n, out, [&](const KeySpan& s, int64_t* p) {
       for (size_t r = 0; r < s.n; r++) p[r] = rank[s.keys[r] - kmin] - 1;
-    }
+    });
     return;
   }
   // Sparse keys: merge the inputs one by one into the union, then find each input's rows.
@@ -69,21 +73,13 @@ void JoinKeys(const std::vector<KeySpan>& in, JoinedKeys* out) {
     tmp.resize(std::set_union(u.begin(), u.end(), s.keys, s.keys + s.n, tmp.begin()) - tmp.begin());
     u.swap(tmp);
   }
-  const size_t n = u.size();
-  for (size_t i = 0; i < m; i++) {
-    const KeySpan& s = in[i];
-    if (s.n == n) {
-      out->identical[i] = 1;
-      continue;
-    }
-    HVec<int64_t>& p = out->pos[i];
-    p.resize(s.n);
+  FillRows(in, u.size(), out, [&](const KeySpan& s, int64_t* p) {
     size_t j = 0;
     for (size_t r = 0; r < s.n; r++) {
       while (u[j] < s.keys[r]) j++;  // every input key is in the union
       p[r] = static_cast<int64_t>(j);
     }
-  }
+  });
   out->keys = std::move(u);
 }
 

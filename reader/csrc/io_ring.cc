@@ -112,7 +112,7 @@ Status IoRing::Abandon(Status status, unsigned inflight) {
 }
 
 Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
-                        const RunCallback& cb) {
+                        const RunCallback& cb, const IdleFn& idle) {
   struct Pending {
     size_t run = 0;
     uint32_t done = 0;  // bytes already read (short reads are resubmitted)
@@ -156,7 +156,21 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       queued = true;
     }
     if (!status.ok() && inflight == 0) break;
-    if (queued || inflight > 0) {
+    if (idle && status.ok() && inflight > 0) {
+      // Submit without waiting, do the caller's work while the device reads, then wait.
+      int rc;
+      do rc = Submit(0, path);  // (a wait below would not submit what is still queued)
+      while (rc == -EINTR);
+      if (rc < 0) return Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
+      status = idle();
+      io_uring_cqe* first;
+      do rc = io_uring_wait_cqe(&ring_, &first);
+      while (rc == -EINTR);
+      if (rc < 0) {
+        if (status.ok()) status = Status::FromErrno("io_uring_wait_cqe", path, -rc);
+        return Abandon(status, inflight);
+      }
+    } else if (queued || inflight > 0) {
       int rc = Submit(1, path);
       if (rc < 0 && rc != -EINTR) {
         if (status.ok()) status = Status::FromErrno("io_uring_submit", path, -rc);
@@ -280,8 +294,10 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
     const unsigned want = 1;
     if (idle && status.ok()) {
       // Submit without waiting, do the caller's work while the device reads, then wait.
-      int rc = Submit(0, path);
-      if (rc < 0 && rc != -EINTR) return Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
+      int rc;
+      do rc = Submit(0, path);  // (a wait below would not submit what is still queued)
+      while (rc == -EINTR);
+      if (rc < 0) return Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
       status = idle();
       io_uring_cqe* first;
       do rc = io_uring_wait_cqe_nr(&ring_, &first, want);

@@ -62,6 +62,10 @@ class IoRing {
   // Called for each completed run with its bytes (count * page_size). A non-OK status stops
   // the batch; the remaining in-flight reads are drained before returning.
   using RunCallback = std::function<Status(const PageRun& run, const uint8_t* data)>;
+  // `idle`, when given, runs after every submission while reads are in flight: the caller's
+  // own work (a scan's merge plan, pooling rows that already arrived) overlaps the I/O
+  // instead of waiting behind it. It should return quickly once it has nothing left to do.
+  using IdleFn = std::function<Status()>;
 
   static Status Create(unsigned depth, uint32_t slot_bytes, std::unique_ptr<IoRing>* out);
   ~IoRing();
@@ -77,18 +81,16 @@ class IoRing {
   int owner_pid() const { return owner_pid_; }
   // Reads every run (each at most slot_bytes) from fd, calling cb as runs complete.
   Status ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
-                  const RunCallback& cb);
+                  const RunCallback& cb, const IdleFn& idle = nullptr);
   // Reads arbitrary byte ranges (offset and length aligned to the device's logical block,
   // each at most slot_bytes): the vector-grained path. cb gets the block index and its bytes.
   struct Block {
     uint64_t offset;
     uint32_t len;
   };
-  // `idle`, when given, runs after every submission while reads are in flight: the caller's
-  // own work (pooling rows that already arrived) overlaps the I/O instead of draining the
-  // queue. The callbacks only copy out, so slots are refilled right after each reap.
+  // `idle` as for ReadRuns. The callbacks only copy out, so slots are refilled right after
+  // each reap.
   using BlockCallback = std::function<Status(size_t block, const uint8_t* data)>;
-  using IdleFn = std::function<Status()>;
   Status ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb,
                     const IdleFn& idle = nullptr);
   // Writes each run from src (count * page_size bytes each, aligned); all submitted together.

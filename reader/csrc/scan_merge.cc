@@ -305,56 +305,84 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint3
   // Each ref's slots get room for its valid records (an index entry names a valid record of
   // its segment, so they cannot overflow unless index and pages disagree); one pass then
   // writes the output keys, the buffered values and every page's slots.
-  plan->first.assign(refs.size() + 1, 0);
-  for (size_t j = 0; j < refs.size(); j++) plan->first[j + 1] = plan->first[j] + refs[j].valid;
+  const size_t nr = refs.size();
+  plan->first.assign(nr + 1, 0);
+  for (size_t j = 0; j < nr; j++) plan->first[j + 1] = plan->first[j] + refs[j].valid;
   plan->slots.resize(plan->first.back());
   std::vector<uint32_t> fill(plan->first.begin(), plan->first.end() - 1);
   col->keys.resize(n + nb);
   col->values.resize((n + nb) * static_cast<size_t>(w));
-  uint64_t* kp = col->keys.data();
-  uint8_t* vp = col->values.data();
-  uint64_t* slots = plan->slots.data();
-  size_t o = 0, k = 0, e = 0;
-  auto put_buffered = [&](size_t x) {
-    if (b.tomb[x]) return;
-    kp[o] = b.keys[x];
-    std::memcpy(vp + o * w, b.value(x), w);
-    o++;
-  };
-  // The current ref: its next slot and the end of its room, kept in registers while
-  // consecutive entries name its page (they mostly do) and written back on a change.
+  uint64_t* const kp = col->keys.data();
+  uint8_t* const vp = col->values.data();
+  IndexPlan::Slot* const slots = plan->slots.data();
+  const uint32_t* const first = plan->first.data();
+  const uint64_t* const ikp = ik.data();
+  const uint32_t* const ilp = il.data();
+  uint64_t o = 0;
+  size_t k = 0, e = 0;
+  // The current ref: its next slot and the end of its room, kept in locals while consecutive
+  // entries name its page (they mostly do) and written back on a change.
   uint32_t last_page = UINT32_MAX;
   int32_t last_ref = -1;
   uint32_t f = 0, f_end = 0;
-  uint64_t from_disk = 0;
-  while (true) {
+  if (nb == 0 && !ref_of.flat().empty()) {
+    // Nothing buffered, pages found through a flat table: the loop runs without a branch
+    // that depends on which page an entry names. Fragmented features alternate pages from
+    // one key to the next, and a mispredicted page switch per entry cost more than the rest.
+    const int32_t* const flat = ref_of.flat().data();
+    const uint32_t base = ref_of.base(), span = static_cast<uint32_t>(ref_of.flat().size());
+    uint32_t* const fp = fill.data();
+    for (; e < n; e++) {
+      const uint32_t loc = ilp[e];
+      const uint64_t key = ikp[e];
+      if (loc & KeyIndex::kTomb) [[unlikely]] continue;
+      const uint32_t rel = loc - base;
+      if (rel >= span) [[unlikely]] return false;
+      const int32_t j = flat[rel];
+      if (j < 0) [[unlikely]] return false;
+      const uint32_t f = fp[j]++;
+      if (f >= first[j + 1]) [[unlikely]] return false;  // more entries than the segment's valid records
+      slots[f] = {key, o};
+      kp[o++] = key;
+    }
+    k = nb;
+  }
+  while (k < nb || e < n) {
     // Entries below the next buffered key (all of them when nothing is buffered, the usual
     // case) take the tight loop.
     const size_t e_stop =
         k < nb ? static_cast<size_t>(std::lower_bound(ik.begin() + e, ik.end(), b.keys[k]) - ik.begin()) : n;
     for (; e < e_stop; e++) {
-      const uint32_t loc = il[e];
-      if (loc != last_page) {
+      const uint32_t loc = ilp[e];
+      const uint64_t key = ikp[e];
+      if (loc != last_page) [[unlikely]] {
         if (loc & KeyIndex::kTomb) continue;  // (last_page never carries the tomb bit)
         if (last_ref >= 0) fill[last_ref] = f;
         last_page = loc;
         last_ref = ref_of.Find(loc);
         if (last_ref < 0) return false;
         f = fill[last_ref];
-        f_end = plan->first[last_ref + 1];
+        f_end = first[last_ref + 1];
       }
-      if (f == f_end) return false;  // more entries than the segment's valid records
-      slots[f++] = o;
-      kp[o++] = ik[e];
-      from_disk++;
+      if (f == f_end) [[unlikely]] return false;  // more entries than the segment's valid records
+      slots[f] = {key, o};
+      f++;
+      kp[o++] = key;
     }
     if (k == nb) break;  // e == n
     if (e < n && ik[e] == b.keys[k]) e++;  // the buffered write is newer
-    put_buffered(k++);
+    if (!b.tomb[k]) {
+      kp[o] = b.keys[k];
+      std::memcpy(vp + static_cast<size_t>(o) * w, b.value(k), w);
+      o++;
+    }
+    k++;
   }
   if (last_ref >= 0) fill[last_ref] = f;
+  uint64_t from_disk = 0;
+  for (size_t j = 0; j < nr; j++) from_disk += fill[j] - first[j];
   col->keys.resize(o);
-  col->values.resize(o * static_cast<size_t>(w));
+  col->values.resize(static_cast<size_t>(o) * w);
   plan->fill = std::move(fill);
   plan->from_disk = from_disk;
   return true;
@@ -363,24 +391,34 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint3
 namespace {
 
 template <uint32_t kW>
-bool PlaceIndexedW(const SegmentView& sv, const uint64_t* s, const uint64_t* s_end, ColumnData* col,
+bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* s, size_t m, ColumnData* col,
                    std::vector<uint64_t>* scratch) {
   scratch->resize(sv.count);
   uint64_t* pk = scratch->data();
   sv.DecodeKeys(pk);
-  const uint64_t* kp = col->keys.data();
   uint8_t* vp = col->values.data();
   const uint32_t w = kW ? kW : sv.width;
   const uint8_t* src = sv.values;
-  uint32_t r = 0;
   const uint32_t cn = sv.count;
+  if (m == cn && !sv.tomb) {
+    // Every record of the segment is current (a page written by a merge, or one no update
+    // has touched since): record r goes to slot r, after a check that the keys agree.
+    uint64_t diff = 0;
+    for (uint32_t r = 0; r < cn; r++) {
+      diff |= pk[r] ^ s[r].key;
+      std::memcpy(vp + s[r].pos * w, src + static_cast<size_t>(r) * w, w);
+    }
+    if (diff != 0) return false;  // (written slots are rewritten by the fallback merge)
+    return true;
+  }
+  uint32_t r = 0;
   const bool tombs = sv.tomb != nullptr;
-  for (; s != s_end; ++s) {
-    const uint64_t key = kp[*s];
+  for (size_t t = 0; t < m; t++) {
+    const uint64_t key = s[t].key;
     // Stale records (older versions the index no longer names) are skipped on the way.
     while (r < cn && pk[r] < key) r++;
     if (r == cn || pk[r] != key || (tombs && sv.is_tomb(r))) return false;
-    std::memcpy(vp + *s * w, src + static_cast<size_t>(r) * w, w);
+    std::memcpy(vp + s[t].pos * w, src + static_cast<size_t>(r) * w, w);
     r++;
   }
   return true;
@@ -390,14 +428,14 @@ bool PlaceIndexedW(const SegmentView& sv, const uint64_t* s, const uint64_t* s_e
 
 bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
                   std::vector<uint64_t>* scratch, double* encoded) {
-  const uint64_t* s = plan.slots.data() + plan.first[j];
-  const uint64_t* const s_end = plan.slots.data() + plan.fill[j];
-  if (s == s_end) return true;
-  const bool ok = sv.width == 8   ? PlaceIndexedW<8>(sv, s, s_end, col, scratch)
-                  : sv.width == 4 ? PlaceIndexedW<4>(sv, s, s_end, col, scratch)
-                                  : PlaceIndexedW<0>(sv, s, s_end, col, scratch);
+  const size_t a = plan.first[j], m = plan.fill[j] - a;
+  if (m == 0) return true;
+  const IndexPlan::Slot* s = plan.slots.data() + a;
+  const bool ok = sv.width == 8   ? PlaceIndexedW<8>(sv, s, m, col, scratch)
+                  : sv.width == 4 ? PlaceIndexedW<4>(sv, s, m, col, scratch)
+                                  : PlaceIndexedW<0>(sv, s, m, col, scratch);
   if (!ok) return false;
-  *encoded += static_cast<double>(s_end - s) * sv.bytes_per_record();
+  *encoded += static_cast<double>(m) * sv.bytes_per_record();
   return true;
 }
 

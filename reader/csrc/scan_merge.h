@@ -104,10 +104,16 @@ MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint
 // current version it holds (ascending). Each arriving page then copies those records' values
 // straight into their slots; a page that disagrees with the index (a record missing, or a
 // tombstone) makes the scan fall back to the chunk merges above.
+// Each slot carries its key next to its output position, so a page's placement reads its
+// slots in order instead of loading output keys from positions scattered over the result.
 struct IndexPlan {
   std::vector<uint32_t> first;  // per ref j: room for its valid records at slots[first[j], ..)
   std::vector<uint32_t> fill;   // per ref j: its slots end at slots[fill[j]]
-  std::vector<uint64_t> slots;  // output positions, grouped by ref, ascending within each
+  struct Slot {
+    uint64_t key;  // the key of the record that goes there
+    uint64_t pos;  // its output position
+  };
+  HVec<Slot> slots;  // grouped by ref, ascending within each: one write stream per page
   uint64_t from_disk = 0;       // output items that come from pages
 };
 // False when an index location names a page not in `refs` (col and plan are then unusable).

@@ -179,7 +179,9 @@ class StoreImpl final : public Store {
                   std::vector<ColumnData>* out, ReadStats* st, std::vector<size_t>* redo);
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
-  Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn);
+  // `idle`: see IoRing::ReadRuns.
+  Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
+                   const IoRing::IdleFn& idle = nullptr);
   void FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st);
   Status CheckOpen();
   Status CheckReadable();

@@ -31,7 +31,8 @@ using namespace store_internal;
 // Read path
 
 
-Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn) {
+Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
+                            const IoRing::IdleFn& idle) {
   const uint32_t ps = o_.page_size;
   const auto runs = CoalescePages(sorted_pids, ring->slot_bytes() / ps);
   return ring->ReadRuns(file_.fd(), pages_path_, ps, runs, [&](const PageRun& run, const uint8_t* data) -> Status {
@@ -41,7 +42,7 @@ Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pi
       RF_RETURN_IF_ERROR(fn(run.first + k, pv));
     }
     return Status::OK();
-  });
+  }, idle);
 }
 
 void StoreImpl::FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st) {
@@ -72,7 +73,7 @@ struct ScanFeature {
   // Index placement (fixed width, see IndexPlan): the merge done as pages arrive. `placed`
   // is cleared when a page disagrees with the index; the feature is then merged from chunks.
   bool placed = false;
-  bool planned = false;  // the plan is made at the feature's first page, while later reads are in flight
+  bool planned = false;  // the plan is made while the first reads are in flight (or at the feature's first page)
   bool place_failed = false;
   IndexPlan plan;
   // Dense placement (fixed width, dense keys, see DensePlan): decided at the first page.
@@ -272,10 +273,23 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     }
     return Status::OK();
   };
+  // The index plans are made while the first reads are in flight (one feature per wait), not
+  // behind them: a plan walks the feature's whole index copy, as long as its pages take to read.
+  size_t next_plan = 0;
+  auto idle = [&]() -> Status {
+    for (; next_plan < nf; next_plan++)
+      if (fs[next_plan].placed && !fs[next_plan].planned) {
+        plan(next_plan++);
+        break;
+      }
+    return Status::OK();
+  };
+  bool any_placed = false;
+  for (const ScanFeature& f : fs) any_placed |= f.placed;
   if (!pids.empty()) {
     RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
-    Status rs = ReadPages(ring.get(), pids, cb);
+    Status rs = ReadPages(ring.get(), pids, cb, any_placed ? IoRing::IdleFn(idle) : IoRing::IdleFn());
     if (!rs.ok()) return ExplainReadFailure(rs);
   }
 

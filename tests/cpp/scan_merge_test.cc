@@ -300,6 +300,32 @@ TEST(ScanMerge, IndexPlacementRefusesAnIndexThatDisagrees) {
   EXPECT_FALSE(PlaceIndexed(pages[1].sv, plan, 1, &col, &scratch, &encoded));
 }
 
+TEST(ScanMerge, IndexPlacementChecksTheKeysOfACleanSegment) {
+  // A segment whose records are all current takes the placement's fast path (record r to
+  // slot r): it must still refuse an index whose keys differ from the page's, even when the
+  // counts agree.
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  const std::vector<PageChunk> cs = {Chunk(3, {10, 20, 30})};
+  const std::vector<BuiltPage> pages = BuildPages(cs, d);
+  std::vector<uint64_t> ik;
+  std::vector<uint32_t> il;
+  IndexOf(cs, &ik, &il);
+  ASSERT_EQ(ik.size(), 3u);
+  std::vector<uint64_t> scratch;
+  double encoded = 0;
+  ColumnData col;
+  IndexPlan plan;
+  ASSERT_TRUE(PlanIndexPlacement(ik, il, ValidRefs(cs), BufferedItems(), 8, &col, &plan));
+  EXPECT_TRUE(PlaceIndexed(pages[0].sv, plan, 0, &col, &scratch, &encoded));
+  EXPECT_EQ(Output(col), Expected(cs, BufferedItems()));
+  ik[1] = 21;  // still ascending, still three entries for the page's three records
+  ASSERT_TRUE(PlanIndexPlacement(ik, il, ValidRefs(cs), BufferedItems(), 8, &col, &plan));
+  EXPECT_FALSE(PlaceIndexed(pages[0].sv, plan, 0, &col, &scratch, &encoded));
+}
+
 TEST(ScanMerge, DensePlacementAgreesWithBruteForceInAnyPageOrder) {
   FeatureDef d;
   d.id = 1;

@@ -138,3 +138,89 @@ def test_two_processes_read_only_at_once(store_path):
         assert p.exitcode == 0
     want = (len(k), float(k.astype(np.float64).sum()), int((k[::3] * 7).sum()))
     assert got == [want, want]
+
+
+def _fragmented(path, n=20000, rounds=3, seed=7):
+    """A store whose features' pages overlap (updates not merged away): scans need the
+    index-guided merge. Returns the open writer and what a scan must return."""
+    w = Store.open(path, _opts(merger_enabled=False))
+    w.create_feature("a", "float32")
+    w.create_feature("b", "int64")
+    k = np.arange(n, dtype=np.uint64) * 5 + 1  # sparse keys: a dense run needs no index
+    w.put("a", k, k.astype(np.float32))
+    w.put("b", k, k.astype(np.int64))
+    w.flush()
+    rng = np.random.default_rng(seed)
+    for r in range(rounds):
+        u = np.sort(rng.choice(k, n // 10, replace=False))
+        w.put("a", u, np.full(len(u), -1.0 - r, np.float32))
+        w.put("b", u, (u * 10 + r).astype(np.int64))
+        w.flush()
+    w.delete("b", k[5:50:3])
+    w.flush()
+    return w, w.scan_many(["a", "b"])
+
+
+def test_read_only_scans_take_the_index_from_a_matching_checkpoint(store_path):
+    w, expected = _fragmented(store_path)
+    w.close()  # a clean close writes the checkpoint with every feature's key index
+    r = Store.open(store_path, read_only=True)
+    assert r.stats()["opened_from_checkpoint"] is False  # the open itself reads no index
+    assert r.scan("a").equals(expected.select(["key", "a"]).rename_columns(["key", "value"]))
+    assert r.scan_many(["a", "b"]).equals(expected)
+    st = r.stats()
+    assert st["opened_from_checkpoint"] is True
+    assert st["index_merges"] >= 3 and st["index_merge_fallbacks"] == 0
+    assert r.get("b", np.arange(40, dtype=np.uint64)).equals(_get_reference(expected, "b", 40))
+    r.close()
+
+
+def _get_reference(table, feature, n):
+    d = dict(zip(table.column("key").to_pylist(), table.column(feature).to_pylist()))
+    return pa.array([d.get(i) for i in range(n)], type=table.schema.field(feature).type)
+
+
+def test_read_only_scans_without_a_matching_checkpoint_merge_pages(store_path):
+    w, expected = _fragmented(store_path)
+    w.close()
+    w = Store.open(store_path, _opts(merger_enabled=False))  # a writer's open retires the checkpoint
+    r = Store.open(store_path, read_only=True)
+    assert r.scan_many(["a", "b"]).equals(expected)
+    st = r.stats()
+    assert st["opened_from_checkpoint"] is False and st["index_merges"] == 0
+    r.close()
+    # A checkpoint of another state (the writer changed the store and closed after this
+    # handle's open) is not taken either: the snapshot is what the handle reads.
+    r = Store.open(store_path, read_only=True)
+    w.put("a", np.arange(3, dtype=np.uint64), np.full(3, 9.0, np.float32))
+    w.close()
+    assert r.scan_many(["a", "b"]).equals(expected)
+    assert r.stats()["opened_from_checkpoint"] is False
+    r.close()
+
+
+def test_read_only_threads_scan_while_the_checkpoint_index_loads(store_path):
+    import threading
+
+    w, expected = _fragmented(store_path)
+    w.close()
+    r = Store.open(store_path, read_only=True)
+    results, errors = [], []
+    start = threading.Barrier(4)
+
+    def scan():
+        try:
+            start.wait()
+            for _ in range(3):
+                results.append(r.scan_many(["a", "b"]).equals(expected))
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=scan) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 12 and all(results)
+    assert r.stats()["opened_from_checkpoint"] is True
+    r.close()

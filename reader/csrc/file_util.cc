@@ -33,4 +33,18 @@ bool ReadWholeFile(const std::string& path, std::string* out) {
   return true;
 }
 
+bool ReadFilePrefix(const std::string& path, void* out, size_t n) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd, static_cast<char*>(out) + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  return got == n;
+}
+
 }  // namespace recflash

@@ -119,9 +119,20 @@ class StoreImpl final : public Store {
   Status Recover() RF_REQUIRES(write_mu_);
   // Read-only open: metadata and WAL only, no page read (see StoreOptions::read_only).
   Status RecoverReadOnly() RF_REQUIRES(write_mu_);
+  // A read-only handle's derived state without the pages: every record of a non-retired
+  // segment taken as valid (after ResetDerivedLocked).
+  void DeriveAllValid() RF_REQUIRES(write_mu_);
   // Read-only handles build the key index (for get() and row gathers) on first use, from
   // the checkpoint when it matches their snapshot, else by reading the live pages.
   Status EnsureKeyIndex() RF_EXCLUDES(write_mu_);
+  // A scan's cheaper variant: the key index from the checkpoint only (no page is read), tried
+  // once per handle, when a scan meets a feature whose pages overlap (the index-guided merge
+  // is then several times faster than merging the pages' chunks). Without a matching
+  // checkpoint the handle stays as it was.
+  Status TryKeyIndexFromCheckpoint() RF_EXCLUDES(write_mu_);
+  // Both: replaces the read-only open's derived state with the checkpoint's when it describes
+  // this snapshot. False (state unchanged) otherwise.
+  bool SwapInCheckpointIndex() RF_REQUIRES(write_mu_) RF_EXCLUDES(lazy_mu_, mu_);
   // The feature's key index, decoded from its checkpoint bytes on first use (FeatureState::
   // index_lazy). Thread-safe; call before touching f->index.
   Status LoadIndex(FeatureState* f);
@@ -252,6 +263,7 @@ class StoreImpl final : public Store {
   // read-only handle's snapshot, which readers compare without the writer's lock.
   uint64_t opened_seq_ = 0;
   bool key_index_ready_ RF_GUARDED_BY(write_mu_) = true;  // false on a read-only handle until EnsureKeyIndex
+  std::atomic<bool> checkpoint_index_tried_{false};       // TryKeyIndexFromCheckpoint ran
   double recovery_seconds_ RF_GUARDED_BY(write_mu_) = 0;
 };
 

@@ -26,6 +26,9 @@
 
 namespace recflash {
 
+// The checkpoint file's first word (its header: magic, next seq, live pages).
+constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": compact key index form
+
 namespace fs = std::filesystem;
 using namespace store_internal;
 
@@ -245,8 +248,22 @@ Status StoreImpl::RecoverReadOnly() {
     MutexLock l(&mu_);
     ResetDerivedLocked();
   }
-  // Derived state without reading pages: every record of a non-retired segment is taken as
-  // valid. Counts in stats() are then upper bounds until EnsureKeyIndex() runs.
+  // Derived state without reading pages. Counts in stats() are then upper bounds until
+  // EnsureKeyIndex() runs.
+  DeriveAllValid();
+  key_index_ready_ = false;
+  uint64_t max_no = 0;
+  RF_RETURN_IF_ERROR(ReplayWal(&max_no));
+  {
+    MutexLock l(&mu_);  // no reader yet, but the rule for what readers reach holds anyway
+    versions_.AssertHeld();
+    versions_.InstallLocked(BuildVersion(1, features_, pages_));
+  }
+  recovery_seconds_ = Now() - t0;
+  return Status::OK();
+}
+
+void StoreImpl::DeriveAllValid() {
   for (uint32_t p = 0; p < pages_.slots(); p++) {
     PageMeta& pm = pages_.at(p);
     if (!pm.live) continue;
@@ -263,16 +280,6 @@ Status StoreImpl::RecoverReadOnly() {
       f->tombs += sm.tombs;
     }
   }
-  key_index_ready_ = false;
-  uint64_t max_no = 0;
-  RF_RETURN_IF_ERROR(ReplayWal(&max_no));
-  {
-    MutexLock l(&mu_);  // no reader yet, but the rule for what readers reach holds anyway
-    versions_.AssertHeld();
-    versions_.InstallLocked(BuildVersion(1, features_, pages_));
-  }
-  recovery_seconds_ = Now() - t0;
-  return Status::OK();
 }
 
 void StoreImpl::ResetDerivedLocked() {
@@ -295,23 +302,53 @@ void StoreImpl::ResetDerivedLocked() {
 Status StoreImpl::EnsureKeyIndex() {
   MutexLock wl(&write_mu_);
   if (key_index_ready_) return Status::OK();
+  // The checkpoint describes the state at a writer's clean close; it is used only when its
+  // seq and page count match this snapshot, else the pages are read.
+  if (SwapInCheckpointIndex()) return Status::OK();
   {
     MutexLock l(&mu_);
     ResetDerivedLocked();
   }
-  // The checkpoint describes the state at a writer's clean close; it is used only when its
-  // seq and page count match this snapshot (LoadCheckpoint checks), else the pages are read.
-  opened_from_checkpoint_ = LoadCheckpoint();
-  if (!opened_from_checkpoint_) {
-    Status s = RebuildFromPages();
-    if (!s.ok()) return ExplainReadFailure(s);
-  }
+  Status s = RebuildFromPages();
+  if (!s.ok()) return ExplainReadFailure(s);
   auto v = BuildVersion(versions_.current()->number + 1, features_, pages_);
   MutexLock l(&mu_);
   versions_.AssertHeld();
   versions_.InstallLocked(v);
   key_index_ready_ = true;
   return Status::OK();
+}
+
+Status StoreImpl::TryKeyIndexFromCheckpoint() {
+  if (checkpoint_index_tried_.load(std::memory_order_acquire)) return Status::OK();
+  MutexLock wl(&write_mu_);
+  if (!key_index_ready_ && !checkpoint_index_tried_.load(std::memory_order_relaxed)) SwapInCheckpointIndex();
+  checkpoint_index_tried_.store(true, std::memory_order_release);
+  return Status::OK();
+}
+
+bool StoreImpl::SwapInCheckpointIndex() {
+  // The header names the state the checkpoint describes: without one of this snapshot the
+  // derived state is not touched at all (a writer is open and retired it, or wrote since).
+  uint64_t head[3];
+  if (!ReadFilePrefix(StoreFileName(path_, FileKind::kCheckpoint), head, sizeof(head)) ||
+      head[0] != kCheckpointMagic || head[1] != pstate_.next_seq || head[2] != pages_.live_pages())
+    return false;
+  // Scans read the feature states under mu_ and decode indexes under lazy_mu_: both are held
+  // while the derived state is replaced, so no reader sees it half way.
+  MutexLock zl(&lazy_mu_);
+  MutexLock l(&mu_);
+  versions_.AssertHeld();
+  ResetDerivedLocked();
+  if (!LoadCheckpoint()) {  // damaged or disagreeing: back to what the open derived
+    ResetDerivedLocked();
+    DeriveAllValid();
+    return false;
+  }
+  versions_.InstallLocked(BuildVersion(versions_.current()->number + 1, features_, pages_));
+  opened_from_checkpoint_ = true;
+  key_index_ready_ = true;
+  return true;
 }
 
 FeatureState* StoreImpl::FeatureStateFor(uint32_t fid) {
@@ -534,7 +571,6 @@ Status StoreImpl::RebuildFromPages() {
 }
 
 namespace {
-constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": compact key index form
 
 // One feature's record in the checkpoint, parsed but not yet applied.
 struct CheckpointFeature {

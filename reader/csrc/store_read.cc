@@ -167,8 +167,17 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   const size_t nf = names.size();
   const bool to_end = hi == UINT64_MAX;
   std::vector<ScanFeature> fs(nf);
+  for (size_t i = 0; i < nf; i++) RF_RETURN_IF_ERROR(FeatureFor(names[i], &fs[i].def));
+  if (o_.read_only && use_index && !checkpoint_index_tried_.load(std::memory_order_acquire)) {
+    bool overlapping = false;
+    {
+      MutexLock l(&mu_);
+      const std::shared_ptr<const Version> cur = versions_.current();
+      for (const ScanFeature& sf : fs) overlapping |= Overlapping(cur->refs(sf.def.id));
+    }
+    if (overlapping) RF_RETURN_IF_ERROR(TryKeyIndexFromCheckpoint());
+  }
   for (size_t i = 0; i < nf; i++) {
-    RF_RETURN_IF_ERROR(FeatureFor(names[i], &fs[i].def));
     // Checkpointed key indexes decode on first use; the index-guided merge needs them. It
     // never runs for a dense index, so a checkpointed dense one stays encoded (decoding it,
     // 4 B per key, was the largest cost of a feature's first scan after an open).

@@ -168,21 +168,27 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   const bool to_end = hi == UINT64_MAX;
   std::vector<ScanFeature> fs(nf);
   for (size_t i = 0; i < nf; i++) RF_RETURN_IF_ERROR(FeatureFor(names[i], &fs[i].def));
-  if (o_.read_only && use_index && !checkpoint_index_tried_.load(std::memory_order_acquire)) {
-    bool overlapping = false;
-    {
-      MutexLock l(&mu_);
-      const std::shared_ptr<const Version> cur = versions_.current();
-      for (const ScanFeature& sf : fs) overlapping |= Overlapping(cur->refs(sf.def.id));
+  // Only features whose pages overlap need their key index (the index-guided merge); the
+  // others are placed page by page, so their checkpointed indexes stay encoded.
+  std::vector<uint8_t> overlapping(nf, 0);
+  bool any_overlapping = false;
+  if (use_index) {
+    MutexLock l(&mu_);
+    const std::shared_ptr<const Version> cur = versions_.current();
+    for (size_t i = 0; i < nf; i++) {
+      overlapping[i] = Overlapping(cur->refs(fs[i].def.id));
+      any_overlapping |= overlapping[i] != 0;
     }
-    if (overlapping) RF_RETURN_IF_ERROR(TryKeyIndexFromCheckpoint());
   }
+  if (o_.read_only && any_overlapping) RF_RETURN_IF_ERROR(TryKeyIndexFromCheckpoint());
   for (size_t i = 0; i < nf; i++) {
-    // Checkpointed key indexes decode on first use; the index-guided merge needs them. It
-    // never runs for a dense index, so a checkpointed dense one stays encoded (decoding it,
-    // 4 B per key, was the largest cost of a feature's first scan after an open).
-    if (FeatureState* f = FeatureStateFor(fs[i].def.id); f && !(use_index && IndexPendingDense(f)))
-      RF_RETURN_IF_ERROR(LoadIndex(f));
+    // Checkpointed key indexes decode on first use. The index-guided merge never runs for a
+    // dense index, so a checkpointed dense one stays encoded (decoding it, 4 B per key, was
+    // the largest cost of a feature's first scan after an open). A writer's flush between
+    // here and the snapshot below can make a feature overlap whose index is still encoded:
+    // that scan merges the pages' chunks instead.
+    if (!overlapping[i]) continue;
+    if (FeatureState* f = FeatureStateFor(fs[i].def.id); f && !IndexPendingDense(f)) RF_RETURN_IF_ERROR(LoadIndex(f));
   }
   out->assign(nf, ColumnData());
   std::shared_ptr<const Version> v;

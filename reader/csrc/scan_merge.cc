@@ -501,7 +501,16 @@ bool PlaceDenseW(const SegmentView& sv, uint32_t rank, DensePlan* plan, std::vec
   scratch->resize(sv.count);
   uint64_t* pk = scratch->data();
   sv.DecodeKeys(pk);
+  // An update page's records land at scattered slots of an array of the feature's size: each
+  // is a cache miss. Prefetching the slot kAhead records ahead overlaps those misses (the
+  // load of the slot's tag was ~70 % of the placement of a 1.8 M-key feature's pages).
+  constexpr uint32_t kAhead = 16;
+  const uint64_t kmin = plan->kmin, span = plan->span;
   for (uint32_t r = 0; r < sv.count; r++) {
+    if (r + kAhead < sv.count) {
+      const uint64_t ahead = pk[r + kAhead] - kmin;  // (wraps for keys below kmin: not prefetched)
+      if (ahead < span) __builtin_prefetch(slots + ahead * stride, 1);
+    }
     const uint64_t key = pk[r];
     if (key < plan->lo || key > plan->hi) continue;
     const uint64_t slot = key - plan->kmin;

@@ -15,7 +15,8 @@ Targets:
   store_wal        a store whose WAL holds fuzzed records with valid checksums: replay through
                    Store.open (record decoding), then a scan of every feature
   store_checkpoint a store whose CHECKPOINT is replaced by fuzzed bytes with a valid trailing
-                   checksum: open must rebuild or use it, and every value read must be right
+                   checksum: a read-only scan, then a writer's open, must rebuild or use it, and
+                   every value read must be right
   block_sums       the block-checksum file (BLOCKSUMS), as found and with a valid checksum
   meta_values      RocksDB metadata values (feature, page and state records) overwritten
                    with fuzzed bytes: Store.open and a scan
@@ -161,11 +162,12 @@ def _fresh_copy(kind: str) -> str:
     return dst
 
 
-def _open_scan(path: str, expect: dict | None) -> None:
-    from recflash.reader import CorruptionError, Store
+def _open_scan(path: str, expect: dict | None, read_only: bool = False) -> None:
+    from recflash.reader import CorruptionError, Store, StoreOptions
 
+    opts = StoreOptions(read_only=True) if read_only else _opts()
     try:
-        with Store.open(path, _opts()) as s:
+        with Store.open(path, opts) as s:
             got = {f: s.scan(f).to_pydict() for f in FEATURES}
     except CorruptionError:
         return
@@ -197,6 +199,9 @@ def store_checkpoint(data: bytes) -> None:
     with open(ck, "wb") as f:
         f.write(body + struct.pack("<I", t._t.crc32c(body)))
     _template("clean")
+    # A read-only handle first: its scan of the overlapping feature "i" swaps in the
+    # checkpoint's key indexes when the header names its snapshot, and leaves the file alone.
+    _open_scan(path, _EXPECTED["clean"], read_only=True)
     _open_scan(path, _EXPECTED["clean"])
 
 

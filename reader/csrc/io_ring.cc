@@ -87,6 +87,27 @@ int IoRing::Submit(unsigned wait_nr, const std::string& path) {
   return io_uring_submit_and_wait(&ring_, wait_nr);
 }
 
+bool IoRing::SubmitIdleWait(const std::string& path, const IdleFn& idle, unsigned want, unsigned inflight,
+                            Status* status) {
+  int rc;
+  do rc = Submit(0, path);  // (a wait below would not submit what is still queued)
+  while (rc == -EINTR);
+  if (rc < 0) {
+    *status = Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
+    return false;
+  }
+  *status = idle();
+  io_uring_cqe* first;
+  do rc = io_uring_wait_cqe_nr(&ring_, &first, want);
+  while (rc == -EINTR);
+  if (rc < 0) {
+    if (status->ok()) *status = Status::FromErrno("io_uring_wait_cqe", path, -rc);
+    *status = Abandon(*status, inflight);
+    return false;
+  }
+  return true;
+}
+
 Status IoRing::Abandon(Status status, unsigned inflight) {
   // Every request prepared or submitted must complete before the ring (and its slots, or
   // the caller's write buffers) can be used again: io_ring.h promises a ring comes back
@@ -157,19 +178,7 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
     }
     if (!status.ok() && inflight == 0) break;
     if (idle && status.ok() && inflight > 0) {
-      // Submit without waiting, do the caller's work while the device reads, then wait.
-      int rc;
-      do rc = Submit(0, path);  // (a wait below would not submit what is still queued)
-      while (rc == -EINTR);
-      if (rc < 0) return Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
-      status = idle();
-      io_uring_cqe* first;
-      do rc = io_uring_wait_cqe(&ring_, &first);
-      while (rc == -EINTR);
-      if (rc < 0) {
-        if (status.ok()) status = Status::FromErrno("io_uring_wait_cqe", path, -rc);
-        return Abandon(status, inflight);
-      }
+      if (!SubmitIdleWait(path, idle, 1, inflight, &status)) return status;
     } else if (queued || inflight > 0) {
       int rc = Submit(1, path);
       if (rc < 0 && rc != -EINTR) {
@@ -293,19 +302,7 @@ Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Blo
     // saved syscalls but measured no faster against the raw io_uring reference.)
     const unsigned want = 1;
     if (idle && status.ok()) {
-      // Submit without waiting, do the caller's work while the device reads, then wait.
-      int rc;
-      do rc = Submit(0, path);  // (a wait below would not submit what is still queued)
-      while (rc == -EINTR);
-      if (rc < 0) return Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
-      status = idle();
-      io_uring_cqe* first;
-      do rc = io_uring_wait_cqe_nr(&ring_, &first, want);
-      while (rc == -EINTR);
-      if (rc < 0) {
-        if (status.ok()) status = Status::FromErrno("io_uring_wait_cqe", path, -rc);
-        return Abandon(status, inflight);
-      }
+      if (!SubmitIdleWait(path, idle, want, inflight, &status)) return status;
     } else {
       int rc = Submit(want, path);
       if (rc < 0 && rc != -EINTR) {

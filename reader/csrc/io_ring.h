@@ -103,6 +103,11 @@ class IoRing {
   int Submit(unsigned wait_nr, const std::string& path);
   // After an error: submits what is queued and reaps until `inflight` requests completed.
   Status Abandon(Status status, unsigned inflight);
+  // Submits what is queued without waiting, runs `idle` (its status into *status) while the
+  // device reads, then waits for `want` completions. False when the ring failed: *status then
+  // holds the error and nothing is in flight (Abandon ran); the caller returns it.
+  bool SubmitIdleWait(const std::string& path, const IdleFn& idle, unsigned want, unsigned inflight,
+                      Status* status);
   io_uring ring_{};
   bool broken_ = false;
   bool ring_ok_ = false;

@@ -8,6 +8,13 @@
 // line, '\r', a field count other than the layout's, a value that is not a plain integer or
 // 1..16 hex digits, an integer of more than 18 digits) is refused as a whole, and the caller
 // parses that block with pyarrow, which reports bad lines with file, line and column.
+//
+// How: separators are found 64 bytes at a time (SSE compares -> a bit mask; one trailing-zero
+// count per field), every byte's character class is checked in the same pass (a block with a
+// byte no field can hold is refused before any field is parsed), and a field is converted from
+// one or two 8-byte loads (SWAR: no loop over its digits). The lines within 128 bytes of the
+// block's end, where those loads would pass it, go through the byte-at-a-time parser, which is
+// also the reference the fast one is tested against (ParseCriteoBlockScalar).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -15,23 +22,39 @@
 
 namespace recflash::ingest {
 
-struct CriteoColumns {
+constexpr int kCriteoInts = 13;
+constexpr int kCriteoCats = 26;
+constexpr int kCriteoMaxFields = 1 + kCriteoInts + kCriteoCats;
+
+// Where the parser writes, owned by the caller: per field of the layout (label first when
+// there is one), room for `rows` values and `rows` presence bytes, rows = CountLines(data, n).
+// values[f] gets the values of the rows that have one (compacted; the label's are integers
+// too, the caller converts), present[f][row] 1 or 0, and count[f] how many values.
+struct CriteoSink {
   size_t rows = 0;
-  // One per field of the layout, in order: values of the rows that have one (compacted), and
-  // a per-row presence byte. The label (when the layout has one) is parsed as an integer and
-  // stored as float32 bits in `labels`.
-  std::vector<std::vector<int64_t>> values;
-  std::vector<float> labels;
-  std::vector<std::vector<uint8_t>> present;
-  std::vector<size_t> missing;  // rows without a value, per field
+  int64_t* values[kCriteoMaxFields] = {};
+  uint8_t* present[kCriteoMaxFields] = {};
+  size_t count[kCriteoMaxFields] = {};
 };
 
 // Lines in data[0, n): newlines, plus one for a last line without its newline.
 size_t CountLines(const uint8_t* data, size_t n);
 
 // Parses data[0, n) (whole lines; the last one may lack its '\n') with `has_label`, then
-// kInt = 13 integer fields and kCat = 26 hex fields. Returns false — and the caller falls
-// back to the general parser — for anything outside the fast path's grammar.
-bool ParseCriteoBlock(const uint8_t* data, size_t n, bool has_label, CriteoColumns* out);
+// kCriteoInts integer fields and kCriteoCats hex fields, into `sink` (sink->rows lines).
+// Returns false — and the caller falls back to the general parser — for anything outside the
+// fast path's grammar; the sink's contents are then unspecified.
+bool ParseCriteoBlock(const uint8_t* data, size_t n, bool has_label, CriteoSink* sink);
+
+// The same, a byte at a time: the reference for tests (and the fast path's tail).
+bool ParseCriteoBlockScalar(const uint8_t* data, size_t n, bool has_label, CriteoSink* sink);
+
+// Owning form, for tests: columns sized to their counts.
+struct CriteoColumns {
+  size_t rows = 0;
+  std::vector<std::vector<int64_t>> values;
+  std::vector<std::vector<uint8_t>> present;
+};
+bool ParseCriteoColumns(const uint8_t* data, size_t n, bool has_label, bool scalar, CriteoColumns* out);
 
 }  // namespace recflash::ingest

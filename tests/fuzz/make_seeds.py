@@ -89,6 +89,10 @@ def main() -> None:
     line = "\t".join(["1"] + [str(i) for i in range(13)] + hexes)
     put("criteo", "lines", ("\n".join([line, line.replace("\t3\t", "\t\t")]) + "\n").encode())
     put("criteo", "nolabel", ("\t".join([str(i) for i in range(13)] + hexes) + "\n").encode())
+    # lines past the last 128 bytes take the fast path: signs, long integers, 1..16-digit ids, gaps
+    odd = "\t".join(["0", "-17", "007", "123456789012345678", ""] + [str(i) for i in range(9)]
+                    + ["68fd1e64", "FFFFFFFF", "1", "", "0123456789abcdef", "123456789"] + hexes[:20])
+    put("criteo", "fast", ("\n".join([line, odd, line, odd, line]) + "\n").encode())
     put("hex_ids", "ids", b"deadbeef\n0\n~\nffffffffffffffff\nABCDEF01\nxyz\n")
     put("csv_import", "typed", b"a,b,c\n1,2.5,x\n3,4,y\n,5,\n")
     put("csv_import", "skip", b"s,b\n1,2\n3\n4,5,6\n")

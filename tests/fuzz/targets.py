@@ -20,7 +20,7 @@ Targets:
   block_sums       the block-checksum file (BLOCKSUMS), as found and with a valid checksum
   meta_values      RocksDB metadata values (feature, page and state records) overwritten
                    with fuzzed bytes: Store.open and a scan
-  criteo           the native Criteo TSV block parser (has_label both ways)
+  criteo           the native Criteo TSV block parser (has_label both ways), fast path = reference
   hex_ids          hex id strings through ingest.hexids.parse_hex_column (native fast path)
   csv_import       a CSV file through the importer's CsvSource (pyarrow's errors must become
                    BadInputError)
@@ -243,11 +243,17 @@ def meta_values(data: bytes) -> None:
 def criteo(data: bytes) -> None:
     from recflash import _native
 
+    # The fast path (64-byte windows, SWAR fields) must refuse exactly what the byte-at-a-time
+    # reference refuses and give the same columns for the rest.
     for has_label in (True, False):
-        try:
-            _native.parse_criteo_block(data, has_label)
-        except ValueError:
-            pass
+        fast = _native.parse_criteo_block(data, has_label)
+        ref = _native.parse_criteo_block(data, has_label, scalar=True)
+        assert (fast is None) == (ref is None), "fast and reference parsers disagree on refusing the block"
+        if fast is not None:
+            assert fast[0] == ref[0]
+            for (v1, p1), (v2, p2) in zip(fast[1], ref[1]):
+                assert v1.dtype == v2.dtype and np.array_equal(v1, v2)
+                assert (p1 is None) == (p2 is None) and (p1 is None or np.array_equal(p1, p2))
 
 
 def hex_ids(data: bytes) -> None:

@@ -30,8 +30,33 @@ inline uint8_t* PutVarint(uint8_t* p, uint64_t v) {
 }  // namespace
 
 void PageBuilder::Reset() {
+  for (Seg& seg : segs_) spare_.push_back(Recycled(std::move(seg)));
   segs_.clear();
   closed_bytes_ = sizeof(PageHeader);
+}
+
+PageBuilder::Seg PageBuilder::Recycled(Seg&& old) {
+  Seg s;  // every field at its default; the vectors and the set come from `old`, emptied
+  s.keys = std::move(old.keys);
+  s.tomb = std::move(old.tomb);
+  s.values = std::move(old.values);
+  s.offsets = std::move(old.offsets);
+  s.codes = std::move(old.codes);
+  s.distinct = std::move(old.distinct);
+  s.keys.clear();
+  s.tomb.clear();
+  s.values.clear();
+  s.offsets.clear();
+  s.codes.clear();
+  s.distinct.Clear();
+  return s;
+}
+
+PageBuilder::Seg PageBuilder::TakeSpare() {
+  if (spare_.empty()) return Seg();
+  Seg s = std::move(spare_.back());
+  spare_.pop_back();
+  return s;
 }
 
 uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
@@ -40,11 +65,23 @@ uint32_t PageBuilder::MaxValueBytes(uint32_t page_size) {
   return page_size - sizeof(PageHeader) - sizeof(SegDesc) - kSegBodyHeader - 8;
 }
 
-void DistinctSet::Grow() {
-  const size_t cap = std::max<size_t>(64, slots_.size() * 2);
+void DistinctSet::SetCapacity(size_t cap) {
   slots_.assign(cap, kEmpty);
   mask_ = cap - 1;
   shift_ = 64 - __builtin_ctzll(cap);
+}
+
+void DistinctSet::Clear() {
+  if (slots_.empty()) return;
+  if (order_.size() * 16 < slots_.size())
+    SetCapacity(64);
+  else
+    std::fill(slots_.begin(), slots_.end(), kEmpty);
+  order_.clear();
+}
+
+void DistinctSet::Grow() {
+  SetCapacity(std::max<size_t>(64, slots_.size() * 2));
   for (uint32_t k = 0; k < order_.size(); k++) {
     size_t j = Slot(order_[k]);
     while (slots_[j] != kEmpty) j = (j + 1) & mask_;
@@ -102,9 +139,9 @@ uint32_t PageBuilder::used_bytes() const {
   return segs_.empty() ? closed_bytes_ : closed_bytes_ + segs_.back().BodyBytes();
 }
 
-PageBuilder::Seg& PageBuilder::OpenSegment(const FeatureDef& f, bool packable) {
+PageBuilder::Seg& PageBuilder::OpenSegment(const FeatureDef& f, bool packable, Seg seg) {
   if (!segs_.empty()) closed_bytes_ += segs_.back().BodyBytes();
-  Seg& s = segs_.emplace_back();
+  Seg& s = segs_.emplace_back(std::move(seg));
   s.fid = f.id;
   s.width = f.fixed_width();
   s.packable = packable;
@@ -146,7 +183,7 @@ bool PageBuilder::Add(const FeatureDef& f, uint64_t key, const uint8_t* value, u
   if (after > page_size_) return false;
 
   if (new_seg) {
-    Seg& s = OpenSegment(f, packable);
+    Seg& s = OpenSegment(f, packable, TakeSpare());
     s.vmin = s.vmax = v;
     if (packable) s.Record(v, DistinctSet::kAbsent);
     s.varint_bytes = 1;  // first delta (0) is one byte
@@ -190,7 +227,8 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
   if (packable) std::memcpy(&vmin, values, 8), vmax = vmin;
   // Distinct values: a new segment's are collected here and move into it at the end; an open
   // segment's set takes the accepted items directly (all of them are committed below).
-  Seg fresh_state;  // entry count and dict_ok of a new segment while its items are sized
+  // (A new segment's own storage: it becomes the segment when items are taken.)
+  Seg fresh_state = new_seg ? TakeSpare() : Seg();  // entry count and dict_ok of a new segment while its items are sized
   fresh_state.dict_ok = packable;
   Seg* ds = &fresh_state;
   if (new_seg) {
@@ -302,14 +340,14 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
     vmax = hi;
     k++;
   }
-  if (k == 0) return 0;
+  if (k == 0) {
+    if (new_seg) spare_.push_back(Recycled(std::move(fresh_state)));
+    return 0;
+  }
   if (new_seg) {
-    Seg& s = OpenSegment(f, packable);
-    s.distinct = std::move(fresh_state.distinct);
-    s.dict_ok = fresh_state.dict_ok;
-    s.codes = std::move(fresh_state.codes);
-    s.last = fresh_state.last;
-    s.last_code = fresh_state.last_code;
+    const bool dict_ok = fresh_state.dict_ok;
+    Seg& s = OpenSegment(f, packable, std::move(fresh_state));  // its distinct values, codes, last value
+    s.dict_ok = dict_ok;
   }
   Seg& s = segs_.back();
   s.run = run;

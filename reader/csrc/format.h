@@ -149,17 +149,16 @@ class DistinctSet {
   void Truncate(uint32_t n);   // keeps the first n values (by index)
   uint32_t size() const { return static_cast<uint32_t>(order_.size()); }
   const std::vector<int64_t>& values() const { return order_; }  // by index
-  void Release() {
-    std::vector<uint16_t>().swap(slots_);
-    std::vector<int64_t>().swap(order_);
-    mask_ = 0;
-  }
+  // Empties the set for another segment, keeping its allocations (a table that was mostly
+  // unused shrinks back to its first size, so a small segment does not wipe a large one).
+  void Clear();
 
  private:
   static constexpr uint16_t kEmpty = 0xffff;
   static_assert(kMaxDictEntries < kEmpty, "indexes are 16-bit");
   size_t Slot(int64_t v) const { return (static_cast<uint64_t>(v) * 0x9E3779B97F4A7C15ull) >> shift_; }
   void Grow();  // doubles the slots (64 at first) and re-inserts in index order
+  void SetCapacity(size_t cap);  // empty slots, cap of them (a power of two)
   std::vector<uint16_t> slots_;
   std::vector<int64_t> order_;
   size_t mask_ = 0;
@@ -233,9 +232,8 @@ class PageBuilder {
       if (!dict_ok) return;
       if (code == DistinctSet::kAbsent) {
         if (distinct.size() + 1 > kMaxDictEntries) {
-          dict_ok = false;
-          distinct.Release();
-          std::vector<uint16_t>().swap(codes);
+          dict_ok = false;  // the set and codes keep their memory for the builder's next segment
+          codes.clear();
           return;
         }
         code = distinct.FindOrInsert(v, true);
@@ -269,14 +267,21 @@ class PageBuilder {
     uint64_t item_bytes = 0;
     uint32_t BodyBytes() const;
   };
-  // Closes the open segment (its bytes join closed_bytes_) and starts an empty one for f.
-  Seg& OpenSegment(const FeatureDef& f, bool packable);
+  // Closes the open segment (its bytes join closed_bytes_) and starts `s` (empty, or holding
+  // the distinct values of the items about to be added) as the one for f.
+  Seg& OpenSegment(const FeatureDef& f, bool packable, Seg s);
+  // An empty segment, with the allocations of one an earlier page used when there is one:
+  // a bulk load fills thousands of pages, and growing each page's vectors and hash table from
+  // nothing cost reallocation copies and page faults per page.
+  Seg TakeSpare();
+  static Seg Recycled(Seg&& old);
   // packed_bytes: the value bytes of a packable int64 segment (PackedValueBytes; 0 = plain).
   static uint32_t SegBytes(uint32_t n, bool run, uint32_t key_bytes, bool any_tomb, uint32_t width,
                            uint64_t value_bytes, uint64_t packed_bytes = 0);
   uint32_t page_size_;
   bool compact_ = false;
   std::vector<Seg> segs_;
+  std::vector<Seg> spare_;  // emptied segments of finished pages (Reset), for TakeSpare
   uint32_t closed_bytes_ = 0;  // header + finished segments
 };
 

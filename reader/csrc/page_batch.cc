@@ -67,7 +67,7 @@ Status PageBatch::AddRuns(const std::vector<AppendItems>& runs, unsigned threads
     const BufferedItems& b = *r.items;
     if (b.size() == 0) return Status::OK();
     if (r.def->fixed_width()) return lane.AddItems(*r.def, b.keys.data(), b.arena.data(), nullptr, b.size());
-    for (size_t i = 0; i < b.size(); i++) RF_RETURN_IF_ERROR(lane.Add(*r.def, b.keys[i], b.value(i), b.len[i], false));
+    for (size_t i = 0; i < b.size(); i++) RF_RETURN_IF_ERROR(lane.Add(*r.def, b.keys[i], b.value(i), b.length(i), false));
     return Status::OK();
   };
   size_t items = 0;

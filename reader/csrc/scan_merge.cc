@@ -82,8 +82,8 @@ void MergeSink::Reset() {
 void MergeSink::EmitBuffered(size_t e) {
   if (buf.tomb[e]) return;
   col->keys.push_back(buf.keys[e]);
-  col->values.insert(col->values.end(), buf.value(e), buf.value(e) + buf.len[e]);
-  out_bytes += buf.len[e];
+  col->values.insert(col->values.end(), buf.value(e), buf.value(e) + buf.length(e));
+  out_bytes += buf.length(e);
   if (!w) col->offsets.push_back(static_cast<int32_t>(out_bytes / elem));
 }
 

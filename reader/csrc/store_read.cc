@@ -390,8 +390,8 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
           best[i].src = 1;
           best[i].tomb = b.tomb[j] != 0;
           best[i].off = arena.size();
-          best[i].len = b.len[j];
-          arena.insert(arena.end(), b.value(j), b.value(j) + b.len[j]);
+          best[i].len = b.length(j);
+          arena.insert(arena.end(), b.value(j), b.value(j) + b.length(j));
         }
       }
     }

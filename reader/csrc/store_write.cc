@@ -239,7 +239,7 @@ Status StoreImpl::FlushLocked(bool force) {
       if (f->def.fixed_width()) {
         bytes = b.size() * ItemBytes(f->def.fixed_width());
       } else {
-        for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.len[i]);
+        for (size_t i = 0; i < b.size(); i++) bytes += ItemBytes(b.length(i));
       }
       pstate_.user_bytes_written += bytes;
       runs.push_back({fid, &b, bytes, !f->index.deferred()});
@@ -248,10 +248,10 @@ Status StoreImpl::FlushLocked(bool force) {
     size_t hint = 0;
     for (size_t i = 0; i < b.size(); i++) {
       const int64_t pos = f->index.FindFrom(b.keys[i], &hint);
-      pstate_.user_bytes_written += ItemBytes(b.len[i]);
+      pstate_.user_bytes_written += ItemBytes(b.length(i));
       if (b.tomb[i] && pos == KeyIndex::kAbsent) continue;  // nothing on disk to hide
       if (b.tomb[i] && pos != KeyIndex::kAbsent && (f->index.loc(pos) & KeyIndex::kTomb)) continue;  // already deleted
-      recs.push_back({fid, b.keys[i], b.tomb[i] != 0, b.value(i), b.len[i], pos});
+      recs.push_back({fid, b.keys[i], b.tomb[i] != 0, b.value(i), b.length(i), pos});
     }
   }
   std::set<uint32_t> dirty, freed;
@@ -323,7 +323,7 @@ bool StoreImpl::IsAppend(const FeatureState* f, const BufferedItems& b) {
   if (f->index.LastKey(&last) && b.keys.front() <= last) return false;
   const uint32_t w = f->def.fixed_width();
   // Fixed-width values are packed in key order (see FeatureBuffer): value i at i * width.
-  return w == 0 || (b.arena.size() == b.size() * w && b.off.back() == (b.size() - 1) * w);
+  return w == 0 || (b.arena.size() == b.size() * w && (b.width == w || b.off.back() == (b.size() - 1) * w));
 }
 
 Status StoreImpl::MaterializeIndexLocked(FeatureState* f) {

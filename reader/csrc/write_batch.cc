@@ -68,7 +68,7 @@ void EncodeBuffered(uint32_t fid, uint32_t width, const BufferedItems& b, std::v
       continue;
     }
     pk.push_back(b.keys[i]);
-    vals.insert(vals.end(), b.value(i), b.value(i) + b.len[i]);
+    vals.insert(vals.end(), b.value(i), b.value(i) + b.length(i));
     offs.push_back(static_cast<int64_t>(vals.size()));
   }
   if (!pk.empty()) out->push_back(EncodeBatch(kOpPut, fid, pk.data(), pk.size(), width, vals.data(), offs.data()));

@@ -10,39 +10,42 @@ void FeatureBuffer::Append(const uint64_t* keys, size_t n, const uint8_t* values
   BufferedItems& b = items_;
   const bool was_sorted = normalized();
   const size_t start = b.keys.size();
+  b.width = width;  // a feature's width never changes
   b.keys.insert(b.keys.end(), keys, keys + n);
   b.tomb.insert(b.tomb.end(), n, tomb ? 1 : 0);
-  // reserve + push_back: resize would zero-fill both arrays before they are written (a
-  // bulk load appends tens of millions of items per second here).
-  if (b.off.capacity() < start + n) b.off.reserve(std::max(start + n, 2 * b.off.capacity()));
-  if (b.len.capacity() < start + n) b.len.reserve(std::max(start + n, 2 * b.len.capacity()));
-  const uint64_t base = b.arena.size();
-  if (tomb) {
-    for (size_t i = 0; i < n; i++) {
-      b.off.push_back(base);
-      b.len.push_back(0);
+  if (width) {
+    if (tomb) {
+      b.arena.insert(b.arena.end(), n * width, 0);
+      bytes_ += n * ItemBytes(0);
+    } else {
+      b.arena.insert(b.arena.end(), values, values + n * width);
+      bytes_ += n * ItemBytes(width);
     }
-    bytes_ += n * ItemBytes(0);
-  } else if (width) {
-    b.arena.insert(b.arena.end(), values, values + n * width);
-    for (size_t i = 0; i < n; i++) {
-      b.off.push_back(base + i * width);
-      b.len.push_back(width);
-    }
-    bytes_ += n * ItemBytes(width);
   } else {
-    b.arena.insert(b.arena.end(), values + offsets[0], values + offsets[n]);
-    for (size_t i = 0; i < n; i++) {
-      b.off.push_back(base + static_cast<uint64_t>(offsets[i] - offsets[0]));
-      b.len.push_back(static_cast<uint32_t>(offsets[i + 1] - offsets[i]));
-      bytes_ += ItemBytes(b.len.back());
+    // reserve + push_back: resize would zero-fill both arrays before they are written.
+    if (b.off.capacity() < start + n) b.off.reserve(std::max(start + n, 2 * b.off.capacity()));
+    if (b.len.capacity() < start + n) b.len.reserve(std::max(start + n, 2 * b.len.capacity()));
+    const uint64_t base = b.arena.size();
+    if (tomb) {
+      for (size_t i = 0; i < n; i++) {
+        b.off.push_back(base);
+        b.len.push_back(0);
+      }
+      bytes_ += n * ItemBytes(0);
+    } else {
+      b.arena.insert(b.arena.end(), values + offsets[0], values + offsets[n]);
+      for (size_t i = 0; i < n; i++) {
+        b.off.push_back(base + static_cast<uint64_t>(offsets[i] - offsets[0]));
+        b.len.push_back(static_cast<uint32_t>(offsets[i + 1] - offsets[i]));
+        bytes_ += ItemBytes(b.len.back());
+      }
     }
   }
-  // Keep the "already sorted" fast path for ascending appends (bulk loads).
+  // Keep the "already sorted" fast path for ascending appends (bulk loads). (No early exit:
+  // the loop then vectorises, and an append is ascending or it is not.)
   if (was_sorted) {
-    bool asc = true;
-    for (size_t i = start; i < b.keys.size() && asc; i++)
-      asc = (i == 0) || b.keys[i] > b.keys[i - 1];
+    bool asc = start == 0 || n == 0 || b.keys[start] > b.keys[start - 1];
+    for (size_t i = start + 1; i < b.keys.size(); i++) asc &= b.keys[i] > b.keys[i - 1];
     if (asc) sorted_ = b.keys.size();
   }
 }
@@ -55,6 +58,7 @@ void FeatureBuffer::Normalize() {
   std::iota(idx.begin(), idx.end(), 0u);
   std::stable_sort(idx.begin(), idx.end(), [&](uint32_t x, uint32_t y) { return b.keys[x] < b.keys[y]; });
   BufferedItems out;
+  out.width = b.width;
   out.keys.reserve(n);
   uint64_t bytes = 0;
   for (size_t i = 0; i < n; i++) {
@@ -63,10 +67,14 @@ void FeatureBuffer::Normalize() {
     const uint32_t j = idx[i];
     out.keys.push_back(b.keys[j]);
     out.tomb.push_back(b.tomb[j]);
-    out.off.push_back(out.arena.size());
-    out.len.push_back(b.len[j]);
-    out.arena.insert(out.arena.end(), b.arena.begin() + b.off[j], b.arena.begin() + b.off[j] + b.len[j]);
-    bytes += ItemBytes(b.len[j]);
+    if (b.width) {
+      out.arena.insert(out.arena.end(), b.value(j), b.value(j) + b.width);
+    } else {
+      out.off.push_back(out.arena.size());
+      out.len.push_back(b.len[j]);
+      out.arena.insert(out.arena.end(), b.value(j), b.value(j) + b.len[j]);
+    }
+    bytes += ItemBytes(b.length(j));
   }
   items_ = std::move(out);
   bytes_ = bytes;
@@ -119,11 +127,17 @@ void FeatureBuffer::CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out) {
   const auto& k = items_.keys;
   const size_t a = std::lower_bound(k.begin(), k.end(), lo) - k.begin();
   const size_t z = hi == UINT64_MAX ? k.size() : std::lower_bound(k.begin(), k.end(), hi) - k.begin();
+  out->width = items_.width;
   out->keys.assign(k.begin() + a, k.begin() + z);
   out->tomb.assign(items_.tomb.begin() + a, items_.tomb.begin() + z);
-  out->len.assign(items_.len.begin() + a, items_.len.begin() + z);
   out->off.clear();
+  out->len.clear();
   out->arena.clear();
+  if (items_.width) {
+    out->arena.assign(items_.value(a), items_.value(a) + (z - a) * items_.width);
+    return;
+  }
+  out->len.assign(items_.len.begin() + a, items_.len.begin() + z);
   for (size_t i = a; i < z; i++) {
     out->off.push_back(out->arena.size());
     out->arena.insert(out->arena.end(), items_.value(i), items_.value(i) + items_.len[i]);

@@ -51,10 +51,6 @@ class PageMap {
     }
   }
 
-  // The flat table, when the map uses one (else empty): position of page base() + i at [i].
-  const std::vector<int32_t>& flat() const { return flat_; }
-  uint32_t base() const { return base_; }
-
  private:
   size_t Hash(uint32_t page) const { return (page * 0x9E3779B1u) & mask_; }
   uint32_t base_ = 0;

@@ -325,28 +325,6 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint3
   uint32_t last_page = UINT32_MAX;
   int32_t last_ref = -1;
   uint32_t f = 0, f_end = 0;
-  if (nb == 0 && !ref_of.flat().empty()) {
-    // Nothing buffered, pages found through a flat table: the loop runs without a branch
-    // that depends on which page an entry names. Fragmented features alternate pages from
-    // one key to the next, and a mispredicted page switch per entry cost more than the rest.
-    const int32_t* const flat = ref_of.flat().data();
-    const uint32_t base = ref_of.base(), span = static_cast<uint32_t>(ref_of.flat().size());
-    uint32_t* const fp = fill.data();
-    for (; e < n; e++) {
-      const uint32_t loc = ilp[e];
-      const uint64_t key = ikp[e];
-      if (loc & KeyIndex::kTomb) [[unlikely]] continue;
-      const uint32_t rel = loc - base;
-      if (rel >= span) [[unlikely]] return false;
-      const int32_t j = flat[rel];
-      if (j < 0) [[unlikely]] return false;
-      const uint32_t f = fp[j]++;
-      if (f >= first[j + 1]) [[unlikely]] return false;  // more entries than the segment's valid records
-      slots[f] = {key, o};
-      kp[o++] = key;
-    }
-    k = nb;
-  }
   while (k < nb || e < n) {
     // Entries below the next buffered key (all of them when nothing is buffered, the usual
     // case) take the tight loop.

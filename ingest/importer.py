@@ -278,6 +278,11 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
             checkpoint()  # the chunks written completely are kept (a partial one is redone on resume)
         finally:
             reader.stop.set()
+            # Joined before returning (it stops within one chunk): a daemon thread still inside
+            # the native parser when the interpreter exits would be torn down there, and the
+            # forced unwind through the binding aborts the process (an interrupted import
+            # then ended in SIGABRT instead of exit code 130).
+            reader.join()
         result.rows_total = rows_total
         result.key_end = next_key
         result.bad_line_sample = sample

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <string>
+#include <system_error>
 #include <thread>
 
 namespace recflash {
@@ -109,8 +110,15 @@ Status PageBatch::AddRuns(const std::vector<AppendItems>& runs, unsigned threads
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned l = 1; l < lanes; l++) pool.emplace_back(build, l);
+  for (unsigned l = 1; l < lanes; l++) {
+    try {
+      pool.emplace_back(build, l);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (EAGAIN): the lanes not started are built on this one
+    }
+  }
   build(0);
+  for (unsigned l = 1 + static_cast<unsigned>(pool.size()); l < lanes; l++) build(l);
   for (auto& t : pool) t.join();
   threads_used_ = lanes;
   for (const Status& s : status) RF_RETURN_IF_ERROR(s);

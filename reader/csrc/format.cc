@@ -227,8 +227,9 @@ size_t PageBuilder::AddRun(const FeatureDef& f, const uint64_t* keys, const uint
   if (packable) std::memcpy(&vmin, values, 8), vmax = vmin;
   // Distinct values: a new segment's are collected here and move into it at the end; an open
   // segment's set takes the accepted items directly (all of them are committed below).
-  // (A new segment's own storage: it becomes the segment when items are taken.)
-  Seg fresh_state = new_seg ? TakeSpare() : Seg();  // entry count and dict_ok of a new segment while its items are sized
+  // fresh_state: a new segment's entry count and dict_ok while its items are sized; taken from
+  // the spares, it becomes the segment itself when items are taken.
+  Seg fresh_state = new_seg ? TakeSpare() : Seg();
   fresh_state.dict_ok = packable;
   Seg* ds = &fresh_state;
   if (new_seg) {

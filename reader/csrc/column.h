@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,32 @@ T* HugeAlloc<T>::allocate(size_t n) {
 }
 template <typename T>
 using HVec = std::vector<T, HugeAlloc<T>>;
+
+// Faults in fresh read buffers on a helper thread while the reading thread works. Fresh memory
+// is zero-filled by the kernel page by page on first touch (3-4 GB/s on this kind of virtual
+// machine, far less for memory the guest never touched): for a large feature's first scan its
+// output and staging buffers are tens of MB, and the faults ran on the scan's thread after the
+// reads. madvise(MADV_POPULATE_WRITE) makes pages present and writable without writing them,
+// so the owner may write the same buffers meanwhile; on blocks already faulted in (the block
+// cache's) it only walks their page tables. Kernels without it: nothing happens.
+class Populator {
+ public:
+  Populator() = default;
+  Populator(const Populator&) = delete;
+  Populator& operator=(const Populator&) = delete;
+  ~Populator() { Join(); }
+  // Faults in the whole pages of each range on a new thread, in order; nothing when the
+  // ranges total less than kMinBytes. The buffers must outlive the thread: Join (or the
+  // destructor) before they are freed. One Start per Join.
+  static constexpr size_t kMinBytes = 4u << 20;
+  void Start(std::vector<std::pair<void*, size_t>> ranges);
+  void Join() {
+    if (t_.joinable()) t_.join();
+  }
+
+ private:
+  std::thread t_;
+};
 
 // Result of a read for one feature. Values of fixed-width types are packed; variable-width
 // ones are delimited by element offsets (Arrow list/binary offsets).

@@ -10,7 +10,9 @@
 // read task's columns are that size, and glibc hands such blocks back to the kernel.
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <system_error>
 #include <map>
 #include <new>
 #include <unordered_map>
@@ -94,6 +96,30 @@ void* HugeAllocate(size_t bytes) {
   if (rounded >= kHuge) ::madvise(p, rounded, MADV_HUGEPAGE);
   Cache().Track(p, rounded);
   return p;
+}
+
+void Populator::Start(std::vector<std::pair<void*, size_t>> ranges) {
+#ifdef MADV_POPULATE_WRITE
+  Join();
+  size_t total = 0;
+  for (const auto& r : ranges) total += r.second;
+  if (total < kMinBytes) return;
+  try {
+    t_ = std::thread([ranges = std::move(ranges)]() {
+      const uintptr_t page = 4096;
+      for (const auto& [p, n] : ranges) {
+        const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+        const uintptr_t z = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
+        // Failure (an old kernel: EINVAL) only means the owner faults the pages itself.
+        if (z > a && ::madvise(reinterpret_cast<void*>(a), z - a, MADV_POPULATE_WRITE) != 0) return;
+      }
+    });
+  } catch (const std::system_error&) {
+    // No thread to be had: the owner faults its pages in itself, as without a populator.
+  }
+#else
+  (void)ranges;
+#endif
 }
 
 void HugeFree(void* p, size_t bytes) {

@@ -427,143 +427,194 @@ bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t 
     total += r.count;
   }
   if (kmin > kmax || kmax - kmin >= 2 * total + 4096) return false;  // MergeDense's rule
+  if (kmax - kmin >= DensePlan::kTomb) return false;                 // slot numbers are 31 bits
   plan->kmin = kmin;
   plan->span = kmax - kmin + 1;
   plan->lo = lo;
   plan->hi = hi_incl;
   plan->w = w;
+  // A window's tags and values take ~256 KiB: within a core's L2 next to the staged streams.
+  plan->window = static_cast<uint32_t>(std::max<uint64_t>(1024, (256u << 10) / (4 + w)));
   std::vector<uint32_t> by_seq(refs.size());
   for (uint32_t j = 0; j < refs.size(); j++) by_seq[j] = j;
   std::sort(by_seq.begin(), by_seq.end(), [&](uint32_t a, uint32_t b) { return refs[a].seq < refs[b].seq; });
   plan->rank.assign(refs.size(), 0);
   for (uint32_t x = 0; x < by_seq.size(); x++) plan->rank[by_seq[x]] = x + 1;
   plan->enc.assign(refs.size() + 1, 0);
-  plan->stride = 4 + w;
-  plan->slots.resize(plan->span * plan->stride);  // values: written where a tag is set, read only there
-  uint8_t* p = plan->slots.data();
-  for (uint64_t s = 0; s < plan->span; s++, p += plan->stride) std::memset(p, 0, 4);
+  plan->base.resize(refs.size());
+  plan->staged.assign(refs.size(), 0);
+  plan->arrived.assign(refs.size(), 0);
+  for (size_t j = 0; j < refs.size(); j++) plan->base[j] = j ? plan->base[j - 1] + refs[j - 1].count : 0;
+  plan->pos.resize(total);  // written for staged records only, read only there
+  plan->vals.resize(total * w);
+  return true;
+}
+
+bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch) {
+  const uint64_t cap = (j + 1 < plan->base.size() ? plan->base[j + 1] : plan->pos.size()) - plan->base[j];
+  if (sv.count > cap || plan->arrived[j]) return false;
+  plan->arrived[j] = 1;
+  plan->enc[plan->rank[j]] = sv.bytes_per_record();
+  const uint64_t* pk;
+  uint32_t r0 = 0, r1 = sv.count;
+  if (sv.run_keys) {
+    // Keys min_key, min_key + 1, ...: the records in range are found by arithmetic.
+    if (sv.count == 0) return true;
+    const uint64_t a = std::max(sv.min_key, plan->lo);
+    const uint64_t z = std::min(sv.min_key + sv.count - 1, plan->hi);
+    if (a > z) return true;
+    r0 = static_cast<uint32_t>(a - sv.min_key);
+    r1 = static_cast<uint32_t>(z - sv.min_key + 1);
+    scratch->resize(r1 - r0);
+    for (uint32_t r = r0; r < r1; r++) (*scratch)[r - r0] = sv.min_key + r;
+    pk = scratch->data() - r0;
+  } else {
+    scratch->resize(sv.count);
+    sv.DecodeKeys(scratch->data());
+    pk = scratch->data();
+    while (r0 < r1 && pk[r0] < plan->lo) r0++;
+    while (r1 > r0 && pk[r1 - 1] > plan->hi) r1--;
+  }
+  uint32_t* out = plan->pos.data() + plan->base[j];
+  const uint64_t kmin = plan->kmin, span = plan->span;
+  uint64_t prev = 0;
+  bool bad = false;
+  for (uint32_t r = r0; r < r1; r++) {
+    const uint64_t s = pk[r] - kmin;  // wraps for keys below kmin: caught as >= span
+    bad |= s >= span || (r > r0 && s <= prev);
+    prev = s;
+    out[r - r0] = static_cast<uint32_t>(s);
+  }
+  if (bad) return false;  // nothing is read from a ref whose staged count stays 0
+  if (sv.tomb)
+    for (uint32_t r = r0; r < r1; r++)
+      if (sv.is_tomb(r)) out[r - r0] |= DensePlan::kTomb;
+  std::memcpy(plan->vals.data() + plan->base[j] * plan->w, sv.values + static_cast<size_t>(r0) * plan->w,
+              static_cast<size_t>(r1 - r0) * plan->w);
+  plan->staged[j] = r1 - r0;
   return true;
 }
 
 namespace {
 
-// Places one record's version in slot s if it is newer than the slot's (tag t).
+// Places ref j's staged records with slot numbers below `we` into the window starting at
+// slot ws (tags[s - ws], vals[(s - ws) * w]); returns the next staged record. The refs of a
+// window are placed oldest first, so a record always replaces what its slot holds: no
+// compare and no branch on which version wins.
 template <uint32_t kW>
-inline void PlaceSlot(uint8_t* slots, uint32_t stride, uint32_t w, uint64_t s, uint32_t t, const uint8_t* src,
-                      bool copy) {
-  uint8_t* p = slots + s * stride;
-  uint32_t have;
-  std::memcpy(&have, p, 4);
-  if (have >= t) return;  // a newer version of the key already landed
-  std::memcpy(p, &t, 4);
-  if (copy) std::memcpy(p + 4, src, kW ? kW : w);
-}
-
-template <uint32_t kW>
-bool PlaceDenseW(const SegmentView& sv, uint32_t rank, DensePlan* plan, std::vector<uint64_t>* scratch) {
-  const uint32_t w = kW ? kW : plan->w;
-  const uint32_t stride = plan->stride;
-  uint8_t* slots = plan->slots.data();
-  if (sv.run_keys && !sv.tomb) {
-    // Keys min_key, min_key + 1, ...: no decode, the records in range map to consecutive slots.
-    const uint64_t a = std::max(sv.min_key, plan->lo);
-    const uint64_t z = std::min(sv.min_key + sv.count - 1, plan->hi);
-    if (a > z) return true;
-    if (a < plan->kmin || z - plan->kmin >= plan->span) return false;
-    const uint32_t t = rank << 1;
-    const uint64_t s0 = a - plan->kmin;
-    const uint8_t* src = sv.values + (a - sv.min_key) * w;
-    for (uint64_t s = s0, n = z - a + 1; n > 0; n--, s++, src += w) PlaceSlot<kW>(slots, stride, w, s, t, src, true);
-    return true;
+uint64_t PlaceWindow(const DensePlan& plan, uint32_t j, uint64_t at, uint64_t end, uint64_t ws, uint64_t we,
+                     uint32_t* tags, uint8_t* vals) {
+  const uint32_t w = kW ? kW : plan.w;
+  const uint32_t t = plan.rank[j] << 1;
+  const uint32_t* pos = plan.pos.data();
+  const uint8_t* src = plan.vals.data();
+  for (; at < end; at++) {
+    const uint32_t p = pos[at];
+    const uint64_t s = (p & ~DensePlan::kTomb) - ws;
+    if (s >= we - ws) break;
+    tags[s] = t | (p >> 31);
+    std::memcpy(vals + s * w, src + at * w, w);
   }
-  scratch->resize(sv.count);
-  uint64_t* pk = scratch->data();
-  sv.DecodeKeys(pk);
-  // An update page's records land at scattered slots of an array of the feature's size: each
-  // is a cache miss. Prefetching the slot kAhead records ahead overlaps those misses (the
-  // load of the slot's tag was ~70 % of the placement of a 1.8 M-key feature's pages).
-  constexpr uint32_t kAhead = 16;
-  const uint64_t kmin = plan->kmin, span = plan->span;
-  for (uint32_t r = 0; r < sv.count; r++) {
-    if (r + kAhead < sv.count) {
-      const uint64_t ahead = pk[r + kAhead] - kmin;  // (wraps for keys below kmin: not prefetched)
-      if (ahead < span) __builtin_prefetch(slots + ahead * stride, 1);
-    }
-    const uint64_t key = pk[r];
-    if (key < plan->lo || key > plan->hi) continue;
-    const uint64_t slot = key - plan->kmin;
-    if (key < plan->kmin || slot >= plan->span) return false;
-    const bool tomb = sv.is_tomb(r);
-    PlaceSlot<kW>(slots, stride, w, slot, rank << 1 | (tomb ? 1u : 0u), sv.values + static_cast<size_t>(r) * w, !tomb);
-  }
-  return true;
+  return at;
 }
 
 }  // namespace
-
-bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch) {
-  const uint32_t rank = plan->rank[j];
-  plan->enc[rank] = sv.bytes_per_record();
-  // The common widths get a fixed-size copy.
-  switch (plan->w) {
-    case 4: return PlaceDenseW<4>(sv, rank, plan, scratch);
-    case 8: return PlaceDenseW<8>(sv, rank, plan, scratch);
-    default: return PlaceDenseW<0>(sv, rank, plan, scratch);
-  }
-}
 
 void FinishDensePlacement(const DensePlan& plan, const BufferedItems& b, ColumnData* col, uint64_t* useful,
                           double* encoded) {
   const uint32_t w = plan.w;
   const size_t nb = b.size();
-  const size_t cap = plan.span + nb;  // an upper bound: no counting pass (the tail is never written)
+  const size_t cap = DenseOutputCapacity(plan, b);  // no counting pass (the tail is never written)
   col->keys.resize(cap);
   col->values.resize(cap * w);
   uint64_t* kp = col->keys.data();
   uint8_t* vp = col->values.data();
   size_t o = 0, k = 0;
-  // Items taken per seq rank; the encoded bytes are summed from these at the end.
-  std::vector<uint64_t> taken(plan.enc.size(), 0);
+  // Items taken per seq rank, for the encoded bytes summed at the end. Four tables, by slot
+  // number: consecutive slots mostly hold the same rank, and one counter would make every
+  // increment wait for the previous one's store.
+  const size_t nt = plan.enc.size();
+  std::vector<uint64_t> taken(4 * nt, 0);
   auto put_buffered = [&](size_t e) {
     if (b.tomb[e]) return;
     kp[o] = b.keys[e];
     std::memcpy(vp + o * w, b.value(e), w);
     o++;
   };
-  if (nb == 0) {  // the common case: nothing buffered in the range
-    for (uint64_t s = 0; s < plan.span; s++) {
-      const uint32_t t = plan.tag(s);
-      if (t == 0 || (t & 1)) continue;  // no version, or deleted
-      kp[o] = plan.kmin + s;
-      if (w == 4) std::memcpy(vp + o * 4, plan.val(s), 4);
-      else if (w == 8) std::memcpy(vp + o * 8, plan.val(s), 8);
-      else std::memcpy(vp + o * w, plan.val(s), w);
-      o++;
-      taken[t >> 1]++;
-    }
+  // Refs with staged records, by their first slot; those whose records reach the current
+  // window are `active`, oldest first (a ref leaves once its last staged record is placed).
+  const size_t nr = plan.base.size();
+  std::vector<uint32_t> order, active;
+  std::vector<uint64_t> at(nr), end(nr);
+  for (uint32_t j = 0; j < nr; j++) {
+    at[j] = plan.base[j];
+    end[j] = plan.base[j] + plan.staged[j];
+    if (plan.staged[j]) order.push_back(j);
   }
-  for (uint64_t s = 0; nb > 0 && s < plan.span; s++) {
-    const uint32_t t = plan.tag(s);
-    if (t == 0) continue;
-    const uint64_t key = plan.kmin + s;
-    while (k < nb && b.keys[k] < key) put_buffered(k++);
-    if (k < nb && b.keys[k] == key) {  // the buffered write is newer
-      put_buffered(k++);
+  auto first_slot = [&](uint32_t j) { return plan.pos[plan.base[j]] & ~DensePlan::kTomb; };
+  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) { return first_slot(x) < first_slot(y); });
+  size_t next = 0;
+  const uint64_t wn = std::max<uint32_t>(plan.window, 1);
+  const uint64_t wcap = std::min<uint64_t>(wn, plan.span);
+  std::vector<uint32_t> tags(wcap);
+  std::vector<uint8_t> vals(wcap * w);
+  for (uint64_t ws = 0; ws < plan.span; ws += wn) {
+    const uint64_t we = std::min(plan.span, ws + wn), n = we - ws;
+    std::memset(tags.data(), 0, n * 4);
+    bool added = false;
+    while (next < order.size() && first_slot(order[next]) < we) {
+      active.push_back(order[next++]);
+      added = true;
+    }
+    if (added) std::sort(active.begin(), active.end(), [&](uint32_t x, uint32_t y) { return plan.rank[x] < plan.rank[y]; });
+    for (uint32_t j : active) {
+      switch (w) {  // the common widths get a fixed-size copy
+        case 4: at[j] = PlaceWindow<4>(plan, j, at[j], end[j], ws, we, tags.data(), vals.data()); break;
+        case 8: at[j] = PlaceWindow<8>(plan, j, at[j], end[j], ws, we, tags.data(), vals.data()); break;
+        default: at[j] = PlaceWindow<0>(plan, j, at[j], end[j], ws, we, tags.data(), vals.data()); break;
+      }
+    }
+    active.erase(std::remove_if(active.begin(), active.end(), [&](uint32_t j) { return at[j] == end[j]; }),
+                 active.end());
+    // The window's sweep, merged with the buffered items (newer than any page). A window
+    // whose every key has a current version and no buffered item is one block copy.
+    const uint64_t k0 = plan.kmin + ws;
+    while (k < nb && b.keys[k] < k0) put_buffered(k++);
+    uint32_t gaps = 0;
+    for (uint64_t s = 0; s < n; s++) gaps |= (tags[s] == 0) | (tags[s] & 1);
+    if (!gaps && (k == nb || b.keys[k] >= k0 + n)) {
+      for (uint64_t s = 0; s < n; s++) kp[o + s] = k0 + s;
+      std::memcpy(vp + o * w, vals.data(), n * w);
+      o += n;
+      for (uint64_t s = 0; s < n; s++) taken[(s & 3) * nt + (tags[s] >> 1)]++;
       continue;
     }
-    if (t & 1) continue;  // deleted
-    kp[o] = key;
-    std::memcpy(vp + o * w, plan.val(s), w);
-    o++;
-    taken[t >> 1]++;
+    for (uint64_t s = 0; s < n; s++) {
+      const uint32_t t = tags[s];
+      if (t == 0) continue;
+      const uint64_t key = k0 + s;
+      if (k < nb) {
+        while (k < nb && b.keys[k] < key) put_buffered(k++);
+        if (k < nb && b.keys[k] == key) {  // the buffered write is newer
+          put_buffered(k++);
+          continue;
+        }
+      }
+      if (t & 1) continue;  // deleted
+      kp[o] = key;
+      std::memcpy(vp + o * w, vals.data() + s * w, w);
+      o++;
+      taken[(s & 3) * nt + (t >> 1)]++;
+    }
   }
   while (k < nb) put_buffered(k++);
   col->keys.resize(o);
   col->values.resize(o * static_cast<size_t>(w));
   uint64_t from_disk = 0;
-  for (size_t r = 0; r < taken.size(); r++) {
-    from_disk += taken[r];
-    *encoded += static_cast<double>(taken[r]) * plan.enc[r];
+  for (size_t r = 0; r < nt; r++) {
+    const uint64_t n = taken[r] + taken[nt + r] + taken[2 * nt + r] + taken[3 * nt + r];
+    from_disk += n;
+    *encoded += static_cast<double>(n) * plan.enc[r];
   }
   *useful += from_disk * ItemBytes(w);
 }

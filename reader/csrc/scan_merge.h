@@ -125,37 +125,48 @@ bool PlanIndexPlacement(const std::vector<uint64_t>& ikeys, const std::vector<ui
 bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
                   std::vector<uint64_t>* scratch, double* encoded);
 
-// Dense placement: the dense merge for fixed-width values done as pages arrive. When the
-// feature's keys in the range span little more than its records (item ids), every key has a
-// slot; an arriving page writes each record whose version is newer than the slot's (seq
-// rank, tombstones included) into the slot, so pages may arrive in any order; the finish
-// sweeps the slots in key order with the buffered items (newer than any page) into the output.
+// Dense placement: the dense merge for fixed-width values. When the feature's keys in the
+// range span little more than its records (item ids), every key has a slot; each record
+// whose version is newer than the slot's (seq rank, tombstones included) is written into it,
+// so pages may come in any order; the finish sweeps the slots in key order with the buffered
+// items (newer than any page) into the output.
+//
+// Slots for every key of a large feature do not fit in a core's cache, and after uniform
+// updates half its records sit on update pages whose keys are dozens apart: written as each
+// page arrives, every such record was a cache miss (~70 % of a 1.8 M-key feature's scan CPU).
+// So an arriving page is only staged — its records' slot numbers and values appended in the
+// segment's (ascending) key order — and the finish places them one window of slots at a time
+// (window: cache-sized), each page's records of that window being the next run of its staged
+// records, then sweeps the window into the output while it is still in cache.
 struct DensePlan {
   uint64_t kmin = 0, span = 0;
   uint64_t lo = 0, hi = 0;  // the scan range, hi inclusive
   uint32_t w = 0;
+  uint32_t window = 0;         // slots placed and swept together (tests may shrink it after planning)
   std::vector<uint32_t> rank;  // per ref: its seq rank, 1 = oldest
   std::vector<double> enc;     // per rank: encoded bytes per record of that page's segment
-  // Per slot, interleaved (stride 4 + w): a u32 tag, rank << 1 | tomb of the version held
-  // (0 = none), then that version's value (uninitialised until written). Update pages place
-  // their records at scattered slots: tag and value in one cache line, not two arrays.
-  uint32_t stride = 0;
-  HVec<uint8_t> slots;
-  uint32_t tag(uint64_t s) const {
-    uint32_t t;
-    std::memcpy(&t, slots.data() + s * stride, 4);
-    return t;
-  }
-  const uint8_t* val(uint64_t s) const { return slots.data() + s * stride + 4; }
+  // Staged records: ref j's records in the range at [base[j], base[j] + staged[j]) of pos and
+  // vals, ascending key order. pos: key - kmin, with kTomb set for a tombstone (spans stay
+  // below kTomb); vals: w bytes each (a tombstone's unwritten).
+  static constexpr uint32_t kTomb = 1u << 31;
+  std::vector<uint64_t> base;
+  std::vector<uint32_t> staged;
+  std::vector<uint8_t> arrived;  // per ref: staged already (a page is staged once)
+  HVec<uint32_t> pos;
+  HVec<uint8_t> vals;
 };
 // False when the keys are not dense enough for slots to pay (the chunk merges then run).
 // `hi_incl`: the range's largest key.
 bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, uint32_t width,
                         DensePlan* plan);
-// Writes ref j's records (segment `sv`, width set) into the slots; `scratch` holds its keys.
-// False (nothing more written) when the segment holds a key in the scan range outside the
-// key range the page table lists for it: the page and its metadata disagree.
+// Stages ref j's records (segment `sv`, width set); `scratch` holds its keys. False (nothing
+// staged) when the page and its metadata disagree: the segment holds more records than the
+// page table lists, a key in the scan range outside the key range listed for it, or keys out
+// of order (the finish relies on each page's staged records ascending).
 bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch);
+// The most items FinishDensePlacement can output (it sizes the output so, then trims it);
+// a scan may size the output earlier, when the plan is made.
+inline size_t DenseOutputCapacity(const DensePlan& plan, const BufferedItems& buf) { return plan.span + buf.size(); }
 // The output: the slots' current versions merged with the buffered items, in key order.
 // Adds the logical and encoded bytes of the items taken from pages.
 void FinishDensePlacement(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, uint64_t* useful,

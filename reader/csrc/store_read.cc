@@ -88,6 +88,9 @@ struct ScanFeature {
   bool direct = false;
   std::vector<uint64_t> slot;                        // output start of each page
   std::vector<std::pair<uint32_t, uint32_t>> span;  // [a, z) kept per page
+  // Faults in the dense plan's staging and output buffers while the reads go on; declared
+  // last, so it is joined before the buffers above are freed.
+  Populator populate;
 };
 
 // Whether the pages of a feature in a version need a merge through the index copy.
@@ -268,13 +271,24 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
         if (!f.dense_planned) {
           f.dense_planned = true;
           f.dense_placed = PlanDensePlacement(f.refs, lo, to_end ? UINT64_MAX : hi - 1, f.def.fixed_width(), &f.dplan);
+          if (f.dense_placed) {
+            ColumnData& col = (*out)[i];
+            const size_t cap = DenseOutputCapacity(f.dplan, f.buf);
+            col.keys.resize(cap);
+            col.values.resize(cap * f.dplan.w);
+            f.populate.Start({{f.dplan.pos.data(), f.dplan.pos.size() * 4},
+                              {f.dplan.vals.data(), f.dplan.vals.size()},
+                              {col.keys.data(), cap * 8},
+                              {col.values.data(), col.values.size()}});
+          }
         }
         if (f.dense_placed) {
           if (!PlaceDense(sv, j, &f.dplan, &scratch))
             return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "': feature '" +
-                                      f.def.name + "' segment holds a key outside the key range [" +
+                                      f.def.name + "' segment disagrees with its metadata (" +
+                                      std::to_string(ref.count) + " records of keys [" +
                                       std::to_string(ref.min_key) + ", " + std::to_string(ref.max_key) +
-                                      "] its metadata lists");
+                                      "]): more records, a key outside that range or keys out of order");
           continue;
         }
         DecodeChunk(sv, pv.seq(), lo, hi, to_end, ref.valid == ref.count, &f.chunks[j]);

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
+#include <algorithm>
 
 #include "reader/csrc/format.h"
 #include "reader/csrc/key_index.h"
@@ -399,6 +401,100 @@ TEST(ScanMerge, DensePlacementKeepsToTheRange) {
   DensePlan p2;
   ASSERT_TRUE(PlanDensePlacement(narrow, 100, 199, 8, &p2));
   EXPECT_FALSE(PlaceDense(pages[0].sv, 0, &p2, &scratch));
+}
+
+TEST(ScanMerge, DensePlacementInWindowsAgreesWithBruteForce) {
+  // The steady state the windows are for: base pages of consecutive keys and update pages
+  // whose keys are dozens apart (each spanning many windows), tombstones on both, a buffer
+  // overriding some keys; placed with windows from one slot up to the default, pages staged in
+  // several orders, over the whole span and over ranges that cut pages.
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 4; round++) {
+    std::vector<PageChunk> cs;
+    uint64_t seq = 1;
+    for (uint64_t k = 0; k < 3000; k += 500) {  // base: 6 pages of 500 consecutive keys
+      std::vector<uint64_t> keys, tombs;
+      for (uint64_t x = k; x < k + 500; x++) keys.push_back(x);
+      if (round & 1) tombs = {k + 7, k + 8};
+      cs.push_back(Chunk(seq++, keys, tombs));
+    }
+    for (int u = 0; u < 5; u++) {  // updates: ~1 key in 40 over the whole span
+      std::vector<uint64_t> keys, tombs;
+      for (uint64_t x = rng() % 40; x < 3000; x += 1 + rng() % 80) keys.push_back(x);
+      if (round >= 2) tombs.push_back(keys[keys.size() / 2]);
+      cs.push_back(Chunk(seq++, keys, tombs));
+    }
+    std::swap(cs[2], cs[8]);  // refs not in seq order
+    const BufferedItems buf = Buffer({{5, 55}, {1234, std::nullopt}, {2999, 29}, {3500, 35}});
+    const std::vector<BuiltPage> pages = BuildPages(cs, d);
+    std::vector<PageRef> refs = ValidRefs(cs);
+    for (size_t j = 0; j < refs.size(); j++) {
+      refs[j].min_key = cs[j].keys.front();
+      refs[j].max_key = cs[j].keys.back();
+    }
+    const std::pair<uint64_t, uint64_t> ranges[] = {{0, UINT64_MAX}, {250, 1700}, {1001, 1001}};
+    for (const auto& [lo, hi] : ranges) {
+      for (uint32_t window : {1u, 7u, 64u, 0u}) {
+        DensePlan plan;
+        ASSERT_TRUE(PlanDensePlacement(refs, lo, hi, 8, &plan));
+        if (window) plan.window = window;
+        std::vector<size_t> order(pages.size());
+        for (size_t j = 0; j < order.size(); j++) order[j] = j;
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<uint64_t> scratch;
+        for (size_t j : order) EXPECT_TRUE(PlaceDense(pages[j].sv, static_cast<uint32_t>(j), &plan, &scratch));
+        ColumnData col;
+        uint64_t useful = 0;
+        double encoded = 0;
+        FinishDensePlacement(plan, buf, &col, &useful, &encoded);
+        std::map<uint64_t, int64_t> want;
+        size_t from_buffer = 0;
+        for (const auto& [k, v] : Expected(cs, buf))
+          if (k >= lo && k <= hi) want[k] = v;
+        for (size_t e = 0; e < buf.size(); e++) from_buffer += !buf.tomb[e] && buf.keys[e] >= lo && buf.keys[e] <= hi;
+        // (the buffer passed here is not cut to the range: a scan's copy would be)
+        std::map<uint64_t, int64_t> got = Output(col);
+        for (auto it = got.begin(); it != got.end();)
+          it = (it->first < lo || it->first > hi) ? got.erase(it) : std::next(it);
+        EXPECT_EQ(got, want) << "round " << round << " range " << lo << ".." << hi << " window " << window;
+        EXPECT_EQ(useful, (want.size() - from_buffer) * 16) << "window " << window;
+        EXPECT_GT(encoded, 0);
+      }
+    }
+  }
+}
+
+TEST(ScanMerge, DensePlacementRefusesPagesThatDisagreeWithTheirMetadata) {
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  const std::vector<PageChunk> cs = {Chunk(1, {1, 2, 3, 4, 5, 6}), Chunk(2, {2, 4, 6})};
+  const std::vector<BuiltPage> pages = BuildPages(cs, d);
+  std::vector<PageRef> refs = ValidRefs(cs);
+  for (size_t j = 0; j < refs.size(); j++) {
+    refs[j].min_key = cs[j].keys.front();
+    refs[j].max_key = cs[j].keys.back();
+  }
+  std::vector<uint64_t> scratch;
+  {
+    DensePlan plan;  // the page table lists fewer records than the segment holds
+    std::vector<PageRef> fewer = refs;
+    fewer[0].count = 4;
+    ASSERT_TRUE(PlanDensePlacement(fewer, 0, UINT64_MAX, 8, &plan));
+    EXPECT_FALSE(PlaceDense(pages[0].sv, 0, &plan, &scratch));
+    EXPECT_TRUE(PlaceDense(pages[1].sv, 1, &plan, &scratch));
+  }
+  {
+    DensePlan plan;  // the same page twice
+    ASSERT_TRUE(PlanDensePlacement(refs, 0, UINT64_MAX, 8, &plan));
+    EXPECT_TRUE(PlaceDense(pages[1].sv, 1, &plan, &scratch));
+    EXPECT_FALSE(PlaceDense(pages[1].sv, 1, &plan, &scratch));
+  }
 }
 
 TEST(ScanMerge, VariableWidthValuesAndOffsets) {

@@ -441,6 +441,13 @@ bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t 
   plan->rank.assign(refs.size(), 0);
   for (uint32_t x = 0; x < by_seq.size(); x++) plan->rank[by_seq[x]] = x + 1;
   plan->enc.assign(refs.size() + 1, 0);
+  plan->first.resize(refs.size());
+  plan->last.resize(refs.size());
+  for (size_t j = 0; j < refs.size(); j++) {
+    const uint64_t a = std::max(refs[j].min_key, lo), z = std::min(refs[j].max_key, hi_incl);
+    plan->first[j] = a <= z ? a - kmin : plan->span;
+    plan->last[j] = a <= z ? z - kmin : 0;
+  }
   plan->base.resize(refs.size());
   plan->staged.assign(refs.size(), 0);
   plan->arrived.assign(refs.size(), 0);
@@ -476,12 +483,15 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
     while (r1 > r0 && pk[r1 - 1] > plan->hi) r1--;
   }
   uint32_t* out = plan->pos.data() + plan->base[j];
-  const uint64_t kmin = plan->kmin, span = plan->span;
+  // Each key within the ref's listed range (the sweep sweeps a window once every ref listed
+  // as reaching into it is staged), ascending.
+  if (r1 > r0 && plan->first[j] >= plan->span) return false;  // listed as outside the range
+  const uint64_t kmin = plan->kmin, first = plan->first[j], n = plan->last[j] - first + 1;
   uint64_t prev = 0;
   bool bad = false;
   for (uint32_t r = r0; r < r1; r++) {
-    const uint64_t s = pk[r] - kmin;  // wraps for keys below kmin: caught as >= span
-    bad |= s >= span || (r > r0 && s <= prev);
+    const uint64_t s = pk[r] - kmin;
+    bad |= s - first >= n || (r > r0 && s <= prev);  // (wraps below first: caught as >= n)
     prev = s;
     out[r - r0] = static_cast<uint32_t>(s);
   }
@@ -495,19 +505,45 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
   return true;
 }
 
-namespace {
+DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col)
+    : plan_(plan), buf_(buf), col_(col) {
+  const size_t cap = plan.span + buf.size();  // no counting pass (the tail is never written)
+  col->keys.resize(cap);
+  col->values.resize(cap * plan.w);
+  const size_t nr = plan.base.size();
+  for (uint32_t j = 0; j < nr; j++)
+    if (plan.first[j] < plan.span) by_first_.push_back(j);
+  std::sort(by_first_.begin(), by_first_.end(),
+            [&](uint32_t x, uint32_t y) { return plan.first[x] < plan.first[y]; });
+  at_.resize(nr);
+  for (uint32_t j = 0; j < nr; j++) at_[j] = plan.base[j];
+  taken_.assign(4 * plan.enc.size(), 0);
+  const uint64_t wcap = std::min<uint64_t>(std::max<uint32_t>(plan.window, 1), plan.span);
+  tags_.resize(wcap);
+  vals_.resize(wcap * plan.w);
+}
+
+void DenseSweep::PutBuffered(size_t e) {
+  if (buf_.tomb[e]) return;
+  const uint32_t w = plan_.w;
+  col_->keys[o_] = buf_.keys[e];
+  std::memcpy(col_->values.data() + o_ * w, buf_.value(e), w);
+  o_++;
+}
 
 // Places ref j's staged records with slot numbers below `we` into the window starting at
-// slot ws (tags[s - ws], vals[(s - ws) * w]); returns the next staged record. The refs of a
-// window are placed oldest first, so a record always replaces what its slot holds: no
-// compare and no branch on which version wins.
+// slot ws. The refs of a window are placed oldest first, so a record always replaces what
+// its slot holds: no compare and no branch on which version wins.
 template <uint32_t kW>
-uint64_t PlaceWindow(const DensePlan& plan, uint32_t j, uint64_t at, uint64_t end, uint64_t ws, uint64_t we,
-                     uint32_t* tags, uint8_t* vals) {
-  const uint32_t w = kW ? kW : plan.w;
-  const uint32_t t = plan.rank[j] << 1;
-  const uint32_t* pos = plan.pos.data();
-  const uint8_t* src = plan.vals.data();
+void DenseSweep::PlaceRef(uint32_t j, uint64_t ws, uint64_t we) {
+  const uint32_t w = kW ? kW : plan_.w;
+  const uint32_t t = plan_.rank[j] << 1;
+  const uint32_t* pos = plan_.pos.data();
+  const uint8_t* src = plan_.vals.data();
+  uint32_t* tags = tags_.data();
+  uint8_t* vals = vals_.data();
+  const uint64_t end = plan_.base[j] + plan_.staged[j];
+  uint64_t at = at_[j];
   for (; at < end; at++) {
     const uint32_t p = pos[at];
     const uint64_t s = (p & ~DensePlan::kTomb) - ws;
@@ -515,108 +551,104 @@ uint64_t PlaceWindow(const DensePlan& plan, uint32_t j, uint64_t at, uint64_t en
     tags[s] = t | (p >> 31);
     std::memcpy(vals + s * w, src + at * w, w);
   }
-  return at;
+  at_[j] = at;
 }
 
-}  // namespace
-
-void FinishDensePlacement(const DensePlan& plan, const BufferedItems& b, ColumnData* col, uint64_t* useful,
-                          double* encoded) {
+void DenseSweep::Sweep(bool all) {
+  const DensePlan& plan = plan_;
   const uint32_t w = plan.w;
-  const size_t nb = b.size();
-  const size_t cap = DenseOutputCapacity(plan, b);  // no counting pass (the tail is never written)
-  col->keys.resize(cap);
-  col->values.resize(cap * w);
-  uint64_t* kp = col->keys.data();
-  uint8_t* vp = col->values.data();
-  size_t o = 0, k = 0;
-  // Items taken per seq rank, for the encoded bytes summed at the end. Four tables, by slot
-  // number: consecutive slots mostly hold the same rank, and one counter would make every
-  // increment wait for the previous one's store.
-  const size_t nt = plan.enc.size();
-  std::vector<uint64_t> taken(4 * nt, 0);
-  auto put_buffered = [&](size_t e) {
-    if (b.tomb[e]) return;
-    kp[o] = b.keys[e];
-    std::memcpy(vp + o * w, b.value(e), w);
-    o++;
-  };
-  // Refs with staged records, by their first slot; those whose records reach the current
-  // window are `active`, oldest first (a ref leaves once its last staged record is placed).
-  const size_t nr = plan.base.size();
-  std::vector<uint32_t> order, active;
-  std::vector<uint64_t> at(nr), end(nr);
-  for (uint32_t j = 0; j < nr; j++) {
-    at[j] = plan.base[j];
-    end[j] = plan.base[j] + plan.staged[j];
-    if (plan.staged[j]) order.push_back(j);
-  }
-  auto first_slot = [&](uint32_t j) { return plan.pos[plan.base[j]] & ~DensePlan::kTomb; };
-  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) { return first_slot(x) < first_slot(y); });
-  size_t next = 0;
+  const size_t nb = buf_.size(), nt = plan.enc.size();
   const uint64_t wn = std::max<uint32_t>(plan.window, 1);
-  const uint64_t wcap = std::min<uint64_t>(wn, plan.span);
-  std::vector<uint32_t> tags(wcap);
-  std::vector<uint8_t> vals(wcap * w);
-  for (uint64_t ws = 0; ws < plan.span; ws += wn) {
-    const uint64_t we = std::min(plan.span, ws + wn), n = we - ws;
-    std::memset(tags.data(), 0, n * 4);
-    bool added = false;
-    while (next < order.size() && first_slot(order[next]) < we) {
-      active.push_back(order[next++]);
-      added = true;
+  // Refs wait in by_first_ order; a window is ready when every ref listed as reaching into
+  // it is staged, i.e. below the first slot of the first ref not yet staged.
+  while (ws_ < plan.span) {
+    const uint64_t we = std::min(plan.span, ws_ + wn), n = we - ws_;
+    if (!all) {
+      while (ready_ < by_first_.size() && plan.arrived[by_first_[ready_]]) ready_++;
+      if (ready_ < by_first_.size() && plan.first[by_first_[ready_]] < we) return;  // a page of it is still to come
     }
-    if (added) std::sort(active.begin(), active.end(), [&](uint32_t x, uint32_t y) { return plan.rank[x] < plan.rank[y]; });
-    for (uint32_t j : active) {
-      switch (w) {  // the common widths get a fixed-size copy
-        case 4: at[j] = PlaceWindow<4>(plan, j, at[j], end[j], ws, we, tags.data(), vals.data()); break;
-        case 8: at[j] = PlaceWindow<8>(plan, j, at[j], end[j], ws, we, tags.data(), vals.data()); break;
-        default: at[j] = PlaceWindow<0>(plan, j, at[j], end[j], ws, we, tags.data(), vals.data()); break;
+    bool added = false;
+    while (waiting_ < by_first_.size() && plan.first[by_first_[waiting_]] < we) {
+      const uint32_t j = by_first_[waiting_++];
+      if (plan.staged[j]) {
+        active_.push_back(j);
+        added = true;
       }
     }
-    active.erase(std::remove_if(active.begin(), active.end(), [&](uint32_t j) { return at[j] == end[j]; }),
-                 active.end());
-    // The window's sweep, merged with the buffered items (newer than any page). A window
-    // whose every key has a current version and no buffered item is one block copy.
-    const uint64_t k0 = plan.kmin + ws;
-    while (k < nb && b.keys[k] < k0) put_buffered(k++);
+    if (added)
+      std::sort(active_.begin(), active_.end(), [&](uint32_t x, uint32_t y) { return plan.rank[x] < plan.rank[y]; });
+    std::memset(tags_.data(), 0, n * 4);
+    for (uint32_t j : active_) {
+      switch (w) {  // the common widths get a fixed-size copy
+        case 4: PlaceRef<4>(j, ws_, we); break;
+        case 8: PlaceRef<8>(j, ws_, we); break;
+        default: PlaceRef<0>(j, ws_, we); break;
+      }
+    }
+    active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                 [&](uint32_t j) { return at_[j] == plan.base[j] + plan.staged[j]; }),
+                  active_.end());
+    // The window into the output, merged with the buffered items. A window whose every key
+    // has a current version and no buffered item is one block copy. Items taken are counted
+    // per seq rank in four tables by slot: consecutive slots mostly hold the same rank, and
+    // one counter would make every increment wait for the previous one's store.
+    uint64_t* kp = col_->keys.data();
+    uint8_t* vp = col_->values.data();
+    const uint32_t* tags = tags_.data();
+    const uint8_t* vals = vals_.data();
+    const uint64_t k0 = plan.kmin + ws_;
+    while (k_ < nb && buf_.keys[k_] < k0) PutBuffered(k_++);
     uint32_t gaps = 0;
     for (uint64_t s = 0; s < n; s++) gaps |= (tags[s] == 0) | (tags[s] & 1);
-    if (!gaps && (k == nb || b.keys[k] >= k0 + n)) {
-      for (uint64_t s = 0; s < n; s++) kp[o + s] = k0 + s;
-      std::memcpy(vp + o * w, vals.data(), n * w);
-      o += n;
-      for (uint64_t s = 0; s < n; s++) taken[(s & 3) * nt + (tags[s] >> 1)]++;
-      continue;
-    }
-    for (uint64_t s = 0; s < n; s++) {
-      const uint32_t t = tags[s];
-      if (t == 0) continue;
-      const uint64_t key = k0 + s;
-      if (k < nb) {
-        while (k < nb && b.keys[k] < key) put_buffered(k++);
-        if (k < nb && b.keys[k] == key) {  // the buffered write is newer
-          put_buffered(k++);
-          continue;
+    if (!gaps && (k_ == nb || buf_.keys[k_] >= k0 + n)) {
+      for (uint64_t s = 0; s < n; s++) kp[o_ + s] = k0 + s;
+      std::memcpy(vp + o_ * w, vals, n * w);
+      o_ += n;
+      for (uint64_t s = 0; s < n; s++) taken_[(s & 3) * nt + (tags[s] >> 1)]++;
+    } else {
+      for (uint64_t s = 0; s < n; s++) {
+        const uint32_t t = tags[s];
+        if (t == 0) continue;
+        const uint64_t key = k0 + s;
+        if (k_ < nb) {
+          while (k_ < nb && buf_.keys[k_] < key) PutBuffered(k_++);
+          if (k_ < nb && buf_.keys[k_] == key) {  // the buffered write is newer
+            PutBuffered(k_++);
+            continue;
+          }
         }
+        if (t & 1) continue;  // deleted
+        kp[o_] = key;
+        if (w == 4) std::memcpy(vp + o_ * 4, vals + s * 4, 4);
+        else if (w == 8) std::memcpy(vp + o_ * 8, vals + s * 8, 8);
+        else std::memcpy(vp + o_ * w, vals + s * w, w);
+        o_++;
+        taken_[(s & 3) * nt + (t >> 1)]++;
       }
-      if (t & 1) continue;  // deleted
-      kp[o] = key;
-      std::memcpy(vp + o * w, vals.data() + s * w, w);
-      o++;
-      taken[(s & 3) * nt + (t >> 1)]++;
     }
+    ws_ = we;
   }
-  while (k < nb) put_buffered(k++);
-  col->keys.resize(o);
-  col->values.resize(o * static_cast<size_t>(w));
+}
+
+void DenseSweep::Finish(uint64_t* useful, double* encoded) {
+  Sweep(true);
+  while (k_ < buf_.size()) PutBuffered(k_++);
+  col_->keys.resize(o_);
+  col_->values.resize(o_ * static_cast<size_t>(plan_.w));
+  const size_t nt = plan_.enc.size();
   uint64_t from_disk = 0;
   for (size_t r = 0; r < nt; r++) {
-    const uint64_t n = taken[r] + taken[nt + r] + taken[2 * nt + r] + taken[3 * nt + r];
+    const uint64_t n = taken_[r] + taken_[nt + r] + taken_[2 * nt + r] + taken_[3 * nt + r];
     from_disk += n;
-    *encoded += static_cast<double>(n) * plan.enc[r];
+    *encoded += static_cast<double>(n) * plan_.enc[r];
   }
-  *useful += from_disk * ItemBytes(w);
+  *useful += from_disk * ItemBytes(plan_.w);
+}
+
+void FinishDensePlacement(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, uint64_t* useful,
+                          double* encoded) {
+  DenseSweep sweep(plan, buf, col);
+  sweep.Finish(useful, encoded);
 }
 
 uint64_t CloseDirectGaps(const std::vector<uint64_t>& slot, const std::vector<std::pair<uint32_t, uint32_t>>& span,

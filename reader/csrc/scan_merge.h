@@ -135,9 +135,11 @@ bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, Colu
 // updates half its records sit on update pages whose keys are dozens apart: written as each
 // page arrives, every such record was a cache miss (~70 % of a 1.8 M-key feature's scan CPU).
 // So an arriving page is only staged — its records' slot numbers and values appended in the
-// segment's (ascending) key order — and the finish places them one window of slots at a time
+// segment's (ascending) key order — and a sweep places them one window of slots at a time
 // (window: cache-sized), each page's records of that window being the next run of its staged
-// records, then sweeps the window into the output while it is still in cache.
+// records, oldest page first, then writes the window into the output while it is still in
+// cache. A window is swept as soon as every page whose key range (page table) reaches into it
+// has been staged: a scan that reads the pages in key order sweeps while its reads are in flight.
 struct DensePlan {
   uint64_t kmin = 0, span = 0;
   uint64_t lo = 0, hi = 0;  // the scan range, hi inclusive
@@ -145,6 +147,9 @@ struct DensePlan {
   uint32_t window = 0;         // slots placed and swept together (tests may shrink it after planning)
   std::vector<uint32_t> rank;  // per ref: its seq rank, 1 = oldest
   std::vector<double> enc;     // per rank: encoded bytes per record of that page's segment
+  // Per ref: the slots its records may take in the range, [first, last] (from the page
+  // table; first = span for a ref with none in the range).
+  std::vector<uint64_t> first, last;
   // Staged records: ref j's records in the range at [base[j], base[j] + staged[j]) of pos and
   // vals, ascending key order. pos: key - kmin, with kTomb set for a tombstone (spans stay
   // below kTomb); vals: w bytes each (a tombstone's unwritten).
@@ -162,13 +167,46 @@ bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t 
 // Stages ref j's records (segment `sv`, width set); `scratch` holds its keys. False (nothing
 // staged) when the page and its metadata disagree: the segment holds more records than the
 // page table lists, a key in the scan range outside the key range listed for it, or keys out
-// of order (the finish relies on each page's staged records ascending).
+// of order (the sweep relies on each page's staged records ascending within its range).
 bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch);
-// The most items FinishDensePlacement can output (it sizes the output so, then trims it);
-// a scan may size the output earlier, when the plan is made.
-inline size_t DenseOutputCapacity(const DensePlan& plan, const BufferedItems& buf) { return plan.span + buf.size(); }
-// The output: the slots' current versions merged with the buffered items, in key order.
-// Adds the logical and encoded bytes of the items taken from pages.
+
+// The output of a dense placement: the slots' current versions merged with the buffered
+// items (newer than any page), in key order, written window by window.
+class DenseSweep {
+ public:
+  // Sizes `col` for the most items the output can hold; Finish trims it. `plan` and `buf`
+  // must outlive the sweep.
+  DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col);
+  // Sweeps the windows whose pages have all been staged (call after each PlaceDense).
+  void Advance() { Sweep(false); }
+  // Sweeps the rest (every page of the range staged), trims the output and adds the logical
+  // and encoded bytes of the items taken from pages.
+  void Finish(uint64_t* useful, double* encoded);
+  // Slots swept so far (the windows written to the output).
+  uint64_t swept() const { return ws_; }
+
+ private:
+  void Sweep(bool all);
+  template <uint32_t kW>
+  void PlaceRef(uint32_t j, uint64_t ws, uint64_t we);
+  void PutBuffered(size_t e);
+
+  const DensePlan& plan_;
+  const BufferedItems& buf_;
+  ColumnData* col_;
+  uint64_t o_ = 0;   // output items written
+  size_t k_ = 0;     // next buffered item
+  uint64_t ws_ = 0;  // next window's first slot
+  std::vector<uint32_t> by_first_;  // refs by first slot
+  size_t ready_ = 0;                // by_first_[..ready_): staged
+  size_t waiting_ = 0;              // by_first_[waiting_..]: not yet active
+  std::vector<uint32_t> active_;    // refs with staged records left, oldest first
+  std::vector<uint64_t> at_;        // per ref: its next staged record
+  std::vector<uint64_t> taken_;     // items taken per seq rank, four tables (see Sweep)
+  std::vector<uint32_t> tags_;      // the window: rank << 1 | tomb per slot (0 = no version) ...
+  std::vector<uint8_t> vals_;       // ... and the value
+};
+// The whole sweep at once (every page staged).
 void FinishDensePlacement(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, uint64_t* useful,
                           double* encoded);
 

@@ -76,10 +76,10 @@ struct ScanFeature {
   bool planned = false;  // the plan is made while the first reads are in flight (or at the feature's first page)
   bool place_failed = false;
   IndexPlan plan;
-  // Dense placement (fixed width, dense keys, see DensePlan): decided at the first page.
-  bool dense_planned = false;
+  // Dense placement (fixed width, dense keys, see DensePlan), decided before the reads.
   bool dense_placed = false;
   DensePlan dplan;
+  std::unique_ptr<DenseSweep> sweep;
   std::vector<PageRef> refs;      // pages overlapping the range
   std::vector<PageChunk> chunks;  // one per ref (merge path)
   // Direct placement: a fixed-width feature whose pages are clean (no stale records, no
@@ -229,7 +229,6 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       fs[i].refs.push_back(r);
     }
   }
-  std::sort(pids.begin(), pids.end());
   for (size_t i = 0; i < nf; i++) {
     ScanFeature& f = fs[i];
     if (f.indexed && f.def.fixed_width() > 0) {
@@ -237,6 +236,27 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       continue;
     }
     PlanDirect(&f, &(*out)[i]);
+    if (f.direct || f.refs.empty() || f.def.fixed_width() == 0) continue;
+    f.dense_placed = PlanDensePlacement(f.refs, lo, to_end ? UINT64_MAX : hi - 1, f.def.fixed_width(), &f.dplan);
+    if (!f.dense_placed) continue;
+    ColumnData& col = (*out)[i];
+    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col);
+    f.populate.Start({{f.dplan.pos.data(), f.dplan.pos.size() * 4},
+                      {f.dplan.vals.data(), f.dplan.vals.size()},
+                      {col.keys.data(), col.keys.size() * 8},
+                      {col.values.data(), col.values.size()}});
+  }
+  if (nf == 1 && fs[0].dense_placed) {
+    // In key order, so that the sweep writes windows of the output while reads are in flight
+    // (a page id order delivers the last window's pages about when the last page comes).
+    std::unordered_map<uint32_t, uint64_t> first_of;
+    for (size_t j = 0; j < fs[0].refs.size(); j++) first_of[fs[0].refs[j].page] = fs[0].dplan.first[j];
+    std::sort(pids.begin(), pids.end(), [&](uint32_t a, uint32_t b) {
+      const uint64_t fa = first_of[a], fb = first_of[b];
+      return fa != fb ? fa < fb : a < b;
+    });
+  } else {
+    std::sort(pids.begin(), pids.end());
   }
   std::vector<uint64_t> scratch;  // a page's decoded keys (index and dense placement)
   auto plan = [&](size_t i) {
@@ -268,20 +288,6 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
         continue;
       }
       if (!f.direct) {
-        if (!f.dense_planned) {
-          f.dense_planned = true;
-          f.dense_placed = PlanDensePlacement(f.refs, lo, to_end ? UINT64_MAX : hi - 1, f.def.fixed_width(), &f.dplan);
-          if (f.dense_placed) {
-            ColumnData& col = (*out)[i];
-            const size_t cap = DenseOutputCapacity(f.dplan, f.buf);
-            col.keys.resize(cap);
-            col.values.resize(cap * f.dplan.w);
-            f.populate.Start({{f.dplan.pos.data(), f.dplan.pos.size() * 4},
-                              {f.dplan.vals.data(), f.dplan.vals.size()},
-                              {col.keys.data(), cap * 8},
-                              {col.values.data(), col.values.size()}});
-          }
-        }
         if (f.dense_placed) {
           if (!PlaceDense(sv, j, &f.dplan, &scratch))
             return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "': feature '" +
@@ -289,6 +295,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
                                       std::to_string(ref.count) + " records of keys [" +
                                       std::to_string(ref.min_key) + ", " + std::to_string(ref.max_key) +
                                       "]): more records, a key outside that range or keys out of order");
+          f.sweep->Advance();
           continue;
         }
         DecodeChunk(sv, pv.seq(), lo, hi, to_end, ref.valid == ref.count, &f.chunks[j]);
@@ -339,7 +346,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       continue;
     }
     if (f.dense_placed) {
-      FinishDensePlacement(f.dplan, f.buf, &col, &useful, &encoded);
+      f.sweep->Finish(&useful, &encoded);
       items += col.keys.size();
       continue;
     }

@@ -145,3 +145,61 @@ def test_random_64bit_keys_roundtrip_and_store_format(store_path):
         f.write(text.replace("format 4", "format 9"))
     with pytest.raises(NotAStoreError, match="format 9"):
         Store.open(store_path)
+
+
+def test_large_dense_features_swept_in_windows(store_path):
+    """Dense-key features large enough for their scan's sweep to run on a helper thread while
+    the pages (read in key order) are staged: full scans, cut ranges and scan_many after
+    uniform updates, deletes and buffered writes equal a numpy model, before and after a
+    reopen."""
+    rng = np.random.default_rng(11)
+    n = 600_000  # more slots than the helper-thread threshold
+    types = {"big32": ("float32", np.float32), "big64": ("int64", np.int64)}
+    want = {name: rng.integers(0, 1 << 30, n).astype(dt) for name, (_, dt) in types.items()}
+    live = {name: np.ones(n, dtype=bool) for name in types}
+    st = Store.open(store_path, small_options(write_buffer_bytes=1 << 20))
+    try:
+        for name, (t, _) in types.items():
+            st.create_feature(name, t)
+            st.put(name, np.arange(n, dtype=np.uint64), want[name])
+        st.flush()
+        for r in range(6):
+            for name, (_, dt) in types.items():
+                keys = rng.integers(0, n, n // 10).astype(np.uint64)
+                vals = rng.integers(0, 1 << 30, keys.size).astype(dt)
+                st.put(name, keys, vals)
+                # the last write of a key in one put wins
+                last = keys.size - 1 - np.unique(keys[::-1], return_index=True)[1]
+                want[name][keys[last]] = vals[last]
+                live[name][keys] = True
+                if r % 2 == 1:
+                    dels = rng.integers(0, n, n // 50).astype(np.uint64)
+                    st.delete(name, dels)
+                    live[name][dels] = False
+            if r != 5:  # the last round stays buffered
+                st.flush()
+
+        def check(table, name, lo=0, hi=n):
+            keys = table.column("key").to_numpy()
+            exp = np.nonzero(live[name][lo:hi])[0].astype(np.uint64) + np.uint64(lo)
+            np.testing.assert_array_equal(keys, exp)
+            np.testing.assert_array_equal(table.column("value").to_numpy(), want[name][exp.astype(np.int64)])
+
+        for _ in range(2):
+            for name in types:
+                check(st.scan(name), name)
+                assert st.last_read_stats()["pages_read"] > 10
+                check(st.scan(name, key_range=(12_345, 456_789)), name, 12_345, 456_789)
+            assert st.stats()["index_merges"] == 0  # dense placement, not the key index
+            both = st.scan_many(list(types))
+            union = np.nonzero(live["big32"] | live["big64"])[0]
+            np.testing.assert_array_equal(both.column("key").to_numpy(), union.astype(np.uint64))
+            for name in types:
+                col = both.column(name).combine_chunks()
+                valid = col.is_valid().to_numpy(zero_copy_only=False)
+                np.testing.assert_array_equal(valid, live[name][union])
+                np.testing.assert_array_equal(col.drop_null().to_numpy(), want[name][union[valid]])
+            st.close()
+            st = Store.open(store_path, small_options(write_buffer_bytes=1 << 20))
+    finally:
+        st.close()

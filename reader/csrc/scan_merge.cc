@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <system_error>
 
 #include "reader/csrc/key_index.h"
 #include "reader/csrc/page_map.h"
@@ -417,17 +418,33 @@ bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, Colu
   return true;
 }
 
+namespace {
+
+// The keys the refs may hold in [lo, hi_incl] and their records.
+void KeySpan(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, uint64_t* kmin, uint64_t* kmax,
+             uint64_t* total) {
+  *kmin = UINT64_MAX, *kmax = 0, *total = 0;
+  for (const PageRef& r : refs) {
+    *kmin = std::min(*kmin, std::max(r.min_key, lo));
+    *kmax = std::max(*kmax, std::min(r.max_key, hi_incl));
+    *total += r.count;
+  }
+}
+
+}  // namespace
+
+bool DenseKeyRange(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl) {
+  uint64_t kmin, kmax, total;
+  KeySpan(refs, lo, hi_incl, &kmin, &kmax, &total);
+  return kmin <= kmax && kmax - kmin < 2 * total + 4096;  // MergeDense's rule
+}
+
 bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, uint32_t w,
                         DensePlan* plan) {
-  if (refs.size() < 2 || w == 0 || lo > hi_incl) return false;
-  uint64_t kmin = UINT64_MAX, kmax = 0, total = 0;
-  for (const PageRef& r : refs) {
-    kmin = std::min(kmin, std::max(r.min_key, lo));
-    kmax = std::max(kmax, std::min(r.max_key, hi_incl));
-    total += r.count;
-  }
-  if (kmin > kmax || kmax - kmin >= 2 * total + 4096) return false;  // MergeDense's rule
-  if (kmax - kmin >= DensePlan::kTomb) return false;                 // slot numbers are 31 bits
+  if (refs.size() < 2 || w == 0 || lo > hi_incl || !DenseKeyRange(refs, lo, hi_incl)) return false;
+  uint64_t kmin, kmax, total;
+  KeySpan(refs, lo, hi_incl, &kmin, &kmax, &total);
+  if (kmax - kmin >= DensePlan::kTomb) return false;  // slot numbers are 31 bits
   plan->kmin = kmin;
   plan->span = kmax - kmin + 1;
   plan->lo = lo;
@@ -505,7 +522,7 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
   return true;
 }
 
-DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col)
+DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, bool background)
     : plan_(plan), buf_(buf), col_(col) {
   const size_t cap = plan.span + buf.size();  // no counting pass (the tail is never written)
   col->keys.resize(cap);
@@ -517,10 +534,66 @@ DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnDa
             [&](uint32_t x, uint32_t y) { return plan.first[x] < plan.first[y]; });
   at_.resize(nr);
   for (uint32_t j = 0; j < nr; j++) at_[j] = plan.base[j];
+  active_.reserve(nr);  // the sweep allocates nothing
   taken_.assign(4 * plan.enc.size(), 0);
   const uint64_t wcap = std::min<uint64_t>(std::max<uint32_t>(plan.window, 1), plan.span);
   tags_.resize(wcap);
   vals_.resize(wcap * plan.w);
+  if (background) {
+    try {
+      thread_ = std::thread([this] { Helper(); });
+    } catch (const std::system_error&) {
+      // No thread to be had: Advance sweeps on the caller's thread.
+    }
+  }
+}
+
+DenseSweep::~DenseSweep() {
+  if (!thread_.joinable()) return;
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+  }
+  cv_.Signal();
+  thread_.join();
+}
+
+void DenseSweep::Helper() {
+  uint64_t done = 0;  // the bound swept to
+  for (;;) {
+    uint64_t bound;
+    {
+      MutexLock l(&mu_);
+      while (!stop_ && bound_ == done) cv_.Wait(&mu_);
+      if (stop_) return;
+      bound = bound_;
+    }
+    SweepTo(bound);  // the staging below `bound` was written before it was published
+    done = bound;
+    if (done == plan_.span) return;
+  }
+}
+
+uint64_t DenseSweep::ReadyBound() {
+  while (ready_ < by_first_.size() && plan_.arrived[by_first_[ready_]]) ready_++;
+  return ready_ < by_first_.size() ? plan_.first[by_first_[ready_]] : plan_.span;
+}
+
+void DenseSweep::Advance() {
+  const uint64_t bound = ReadyBound();
+  if (!thread_.joinable()) {
+    SweepTo(bound);
+    return;
+  }
+  // Handed over a window's worth at a time (a wake-up per page would cost more than it gives).
+  if (bound < plan_.span && bound < published_ + std::max<uint32_t>(plan_.window, 1)) return;
+  if (bound == published_) return;
+  {
+    MutexLock l(&mu_);
+    bound_ = bound;
+  }
+  published_ = bound;
+  cv_.Signal();
 }
 
 void DenseSweep::PutBuffered(size_t e) {
@@ -554,19 +627,16 @@ void DenseSweep::PlaceRef(uint32_t j, uint64_t ws, uint64_t we) {
   at_[j] = at;
 }
 
-void DenseSweep::Sweep(bool all) {
+void DenseSweep::SweepTo(uint64_t bound) {
   const DensePlan& plan = plan_;
   const uint32_t w = plan.w;
   const size_t nb = buf_.size(), nt = plan.enc.size();
   const uint64_t wn = std::max<uint32_t>(plan.window, 1);
-  // Refs wait in by_first_ order; a window is ready when every ref listed as reaching into
-  // it is staged, i.e. below the first slot of the first ref not yet staged.
+  // A window is swept once every ref listed as reaching into it is staged: it ends at or
+  // below the bound (the first slot of the first ref not yet staged).
   while (ws_ < plan.span) {
     const uint64_t we = std::min(plan.span, ws_ + wn), n = we - ws_;
-    if (!all) {
-      while (ready_ < by_first_.size() && plan.arrived[by_first_[ready_]]) ready_++;
-      if (ready_ < by_first_.size() && plan.first[by_first_[ready_]] < we) return;  // a page of it is still to come
-    }
+    if (we > bound) return;
     bool added = false;
     while (waiting_ < by_first_.size() && plan.first[by_first_[waiting_]] < we) {
       const uint32_t j = by_first_[waiting_++];
@@ -631,7 +701,16 @@ void DenseSweep::Sweep(bool all) {
 }
 
 void DenseSweep::Finish(uint64_t* useful, double* encoded) {
-  Sweep(true);
+  if (thread_.joinable()) {
+    {
+      MutexLock l(&mu_);
+      bound_ = plan_.span;
+    }
+    cv_.Signal();
+    thread_.join();
+  } else {
+    SweepTo(plan_.span);
+  }
   while (k_ < buf_.size()) PutBuffered(k_++);
   col_->keys.resize(o_);
   col_->values.resize(o_ * static_cast<size_t>(plan_.w));

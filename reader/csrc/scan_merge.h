@@ -17,10 +17,13 @@
 #pragma once
 #include <cstring>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "reader/csrc/column.h"
 #include "reader/csrc/format.h"
+#include "reader/csrc/mutex.h"
+#include "reader/csrc/thread_annotations.h"
 #include "reader/csrc/version_set.h"
 #include "reader/csrc/write_buffer.h"
 
@@ -160,6 +163,9 @@ struct DensePlan {
   HVec<uint32_t> pos;
   HVec<uint8_t> vals;
 };
+// Whether the pages' keys in [lo, hi_incl] span little enough more than their records for a
+// slot per key to pay (item ids; MergeDense's rule).
+bool DenseKeyRange(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl);
 // False when the keys are not dense enough for slots to pay (the chunk merges then run).
 // `hi_incl`: the range's largest key.
 bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, uint32_t width,
@@ -171,22 +177,34 @@ bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t 
 bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch);
 
 // The output of a dense placement: the slots' current versions merged with the buffered
-// items (newer than any page), in key order, written window by window.
+// items (newer than any page), in key order, written window by window. With `background`,
+// a helper thread sweeps the windows the staged pages allow while the scan's thread goes on
+// reading and staging (a scan is CPU-bound: staging and sweeping take turns on one core
+// otherwise); without, Advance sweeps them on the caller's thread.
 class DenseSweep {
  public:
   // Sizes `col` for the most items the output can hold; Finish trims it. `plan` and `buf`
-  // must outlive the sweep.
-  DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col);
+  // must outlive the sweep. No helper thread to be had: the caller's thread sweeps.
+  DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, bool background = false);
+  ~DenseSweep();  // stops the helper (a scan that failed midway)
+  DenseSweep(const DenseSweep&) = delete;
+  DenseSweep& operator=(const DenseSweep&) = delete;
   // Sweeps the windows whose pages have all been staged (call after each PlaceDense).
-  void Advance() { Sweep(false); }
+  void Advance();
   // Sweeps the rest (every page of the range staged), trims the output and adds the logical
   // and encoded bytes of the items taken from pages.
   void Finish(uint64_t* useful, double* encoded);
-  // Slots swept so far (the windows written to the output).
+  // Slots swept so far (the windows written to the output; after Finish with a helper).
   uint64_t swept() const { return ws_; }
+  // Whether a helper thread sweeps.
+  bool background() const { return thread_.joinable(); }
 
  private:
-  void Sweep(bool all);
+  // The slot below which every window's pages are staged (caller's thread).
+  uint64_t ReadyBound();
+  // Sweeps the windows that end at or below `bound` (the last may end at the span).
+  void SweepTo(uint64_t bound);
+  void Helper();
   template <uint32_t kW>
   void PlaceRef(uint32_t j, uint64_t ws, uint64_t we);
   void PutBuffered(size_t e);
@@ -194,17 +212,27 @@ class DenseSweep {
   const DensePlan& plan_;
   const BufferedItems& buf_;
   ColumnData* col_;
-  uint64_t o_ = 0;   // output items written
-  size_t k_ = 0;     // next buffered item
-  uint64_t ws_ = 0;  // next window's first slot
+  // Caller's thread only.
   std::vector<uint32_t> by_first_;  // refs by first slot
   size_t ready_ = 0;                // by_first_[..ready_): staged
+  uint64_t published_ = 0;          // the last bound handed to the helper
+  // The sweeping thread's (the helper's, or the caller's without one).
+  uint64_t o_ = 0;                  // output items written
+  size_t k_ = 0;                    // next buffered item
+  uint64_t ws_ = 0;                 // next window's first slot
   size_t waiting_ = 0;              // by_first_[waiting_..]: not yet active
   std::vector<uint32_t> active_;    // refs with staged records left, oldest first
   std::vector<uint64_t> at_;        // per ref: its next staged record
-  std::vector<uint64_t> taken_;     // items taken per seq rank, four tables (see Sweep)
+  std::vector<uint64_t> taken_;     // items taken per seq rank, four tables (see SweepTo)
   std::vector<uint32_t> tags_;      // the window: rank << 1 | tomb per slot (0 = no version) ...
   std::vector<uint8_t> vals_;       // ... and the value
+  // Hand-over to the helper: the bound up to which it may sweep (staging written before it
+  // is published under mu_), or stop.
+  Mutex mu_;
+  CondVar cv_;
+  uint64_t bound_ RF_GUARDED_BY(mu_) = 0;
+  bool stop_ RF_GUARDED_BY(mu_) = false;
+  std::thread thread_;
 };
 // The whole sweep at once (every page staged).
 void FinishDensePlacement(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, uint64_t* useful,

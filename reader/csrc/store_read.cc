@@ -100,6 +100,14 @@ bool Overlapping(const std::vector<PageRef>& rs) {
   return false;
 }
 
+// Whether a scan of [lo, hi_incl] needs the feature's key index: its pages overlap and no
+// slot per key will do (fixed-width values of dense keys take dense placement instead, which
+// needs no index and was faster than index placement for them).
+bool WantsIndex(const std::vector<PageRef>& rs, const FeatureDef& def, uint64_t lo, uint64_t hi_incl) {
+  if (!Overlapping(rs)) return false;
+  return def.fixed_width() == 0 || rs.size() < 2 || !DenseKeyRange(rs, lo, hi_incl);
+}
+
 // Decides direct placement for f and, when it applies, sizes the output for every record.
 void PlanDirect(ScanFeature* f, ColumnData* col) {
   const auto& rs = f->refs;
@@ -179,7 +187,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     MutexLock l(&mu_);
     const std::shared_ptr<const Version> cur = versions_.current();
     for (size_t i = 0; i < nf; i++) {
-      overlapping[i] = Overlapping(cur->refs(fs[i].def.id));
+      overlapping[i] = WantsIndex(cur->refs(fs[i].def.id), fs[i].def, lo, hi == UINT64_MAX ? UINT64_MAX : hi - 1);
       any_overlapping |= overlapping[i] != 0;
     }
   }
@@ -208,7 +216,8 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       const FeatureState* f = ReaderFeatures().Get(sf.def.id);
       // Dense keys (also a dense index not decoded yet): the scatter merge is as fast.
       if (!f || f->index.dense() || f->index_lazy) continue;
-      if (!Overlapping(v->refs(sf.def.id))) continue;  // direct placement or a plain concatenation
+      // Direct placement or a plain concatenation; dense placement.
+      if (!WantsIndex(v->refs(sf.def.id), sf.def, lo, hi == UINT64_MAX ? UINT64_MAX : hi - 1)) continue;
       f->index.CopyRange(lo, hi, &sf.ikeys, &sf.ilocs);
       sf.indexed = true;
     }
@@ -240,23 +249,33 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     f.dense_placed = PlanDensePlacement(f.refs, lo, to_end ? UINT64_MAX : hi - 1, f.def.fixed_width(), &f.dplan);
     if (!f.dense_placed) continue;
     ColumnData& col = (*out)[i];
-    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col);
+    // A helper thread sweeps while this one reads and stages, where the sweep is worth a thread.
+    constexpr uint64_t kBackgroundSweepSlots = 256u << 10;
+    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, f.dplan.span >= kBackgroundSweepSlots);
     f.populate.Start({{f.dplan.pos.data(), f.dplan.pos.size() * 4},
                       {f.dplan.vals.data(), f.dplan.vals.size()},
                       {col.keys.data(), col.keys.size() * 8},
                       {col.values.data(), col.values.size()}});
   }
+  std::sort(pids.begin(), pids.end());
   if (nf == 1 && fs[0].dense_placed) {
-    // In key order, so that the sweep writes windows of the output while reads are in flight
-    // (a page id order delivers the last window's pages about when the last page comes).
+    // The reads (runs of adjacent pages, as ReadPages coalesces them) in the order of the
+    // lowest key they hold, so that the sweep writes windows of the output while reads are in
+    // flight (in page order, the first window's pages may come last). Runs, not pages: a
+    // feature's pages lie in runs written together, and one read per page took twice as long.
     std::unordered_map<uint32_t, uint64_t> first_of;
     for (size_t j = 0; j < fs[0].refs.size(); j++) first_of[fs[0].refs[j].page] = fs[0].dplan.first[j];
-    std::sort(pids.begin(), pids.end(), [&](uint32_t a, uint32_t b) {
-      const uint64_t fa = first_of[a], fb = first_of[b];
-      return fa != fb ? fa < fb : a < b;
-    });
-  } else {
-    std::sort(pids.begin(), pids.end());
+    const uint32_t per_read = std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size);
+    std::vector<PageRun> runs = CoalescePages(pids, per_read);
+    std::vector<uint64_t> low(runs.size(), UINT64_MAX);
+    for (size_t r = 0; r < runs.size(); r++)
+      for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) low[r] = std::min(low[r], first_of[p]);
+    std::vector<uint32_t> by_low(runs.size());
+    for (uint32_t r = 0; r < runs.size(); r++) by_low[r] = r;
+    std::stable_sort(by_low.begin(), by_low.end(), [&](uint32_t a, uint32_t b) { return low[a] < low[b]; });
+    pids.clear();
+    for (uint32_t r : by_low)
+      for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) pids.push_back(p);
   }
   std::vector<uint64_t> scratch;  // a page's decoded keys (index and dense placement)
   auto plan = [&](size_t i) {

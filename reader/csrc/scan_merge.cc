@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 #include <system_error>
+#include <type_traits>
 
 #include "reader/csrc/key_index.h"
 #include "reader/csrc/page_map.h"
@@ -469,13 +470,14 @@ bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t 
   plan->staged.assign(refs.size(), 0);
   plan->arrived.assign(refs.size(), 0);
   for (size_t j = 0; j < refs.size(); j++) plan->base[j] = j ? plan->base[j - 1] + refs[j - 1].count : 0;
-  plan->pos.resize(total);  // written for staged records only, read only there
-  plan->vals.resize(total * w);
+  plan->stride = 4 + w;
+  plan->recs.resize(total * plan->stride);  // written for staged records only, read only there
   return true;
 }
 
 bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<uint64_t>* scratch) {
-  const uint64_t cap = (j + 1 < plan->base.size() ? plan->base[j + 1] : plan->pos.size()) - plan->base[j];
+  const uint64_t total = plan->recs.size() / plan->stride;
+  const uint64_t cap = (j + 1 < plan->base.size() ? plan->base[j + 1] : total) - plan->base[j];
   if (sv.count > cap || plan->arrived[j]) return false;
   plan->arrived[j] = 1;
   plan->enc[plan->rank[j]] = sv.bytes_per_record();
@@ -499,25 +501,29 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
     while (r0 < r1 && pk[r0] < plan->lo) r0++;
     while (r1 > r0 && pk[r1 - 1] > plan->hi) r1--;
   }
-  uint32_t* out = plan->pos.data() + plan->base[j];
-  // Each key within the ref's listed range (the sweep sweeps a window once every ref listed
-  // as reaching into it is staged), ascending.
   if (r1 > r0 && plan->first[j] >= plan->span) return false;  // listed as outside the range
+  // Each key within the ref's listed range (the sweep sweeps a window once every ref listed
+  // as reaching into it is staged), ascending: two branch-free passes the compiler vectorises
+  // (one with the order check took ~2/3 of the staging).
   const uint64_t kmin = plan->kmin, first = plan->first[j], n = plan->last[j] - first + 1;
-  uint64_t prev = 0;
-  bool bad = false;
-  for (uint32_t r = r0; r < r1; r++) {
-    const uint64_t s = pk[r] - kmin;
-    bad |= s - first >= n || (r > r0 && s <= prev);  // (wraps below first: caught as >= n)
-    prev = s;
-    out[r - r0] = static_cast<uint32_t>(s);
-  }
+  uint64_t bad = 0;
+  for (uint32_t r = r0; r < r1; r++) bad |= pk[r] - kmin - first >= n;  // (wraps below first: >= n)
+  for (uint32_t r = r0 + 1; r < r1; r++) bad |= pk[r] <= pk[r - 1];
   if (bad) return false;  // nothing is read from a ref whose staged count stays 0
-  if (sv.tomb)
-    for (uint32_t r = r0; r < r1; r++)
-      if (sv.is_tomb(r)) out[r - r0] |= DensePlan::kTomb;
-  std::memcpy(plan->vals.data() + plan->base[j] * plan->w, sv.values + static_cast<size_t>(r0) * plan->w,
-              static_cast<size_t>(r1 - r0) * plan->w);
+  const uint32_t w = plan->w, stride = plan->stride;
+  uint8_t* out = plan->recs.data() + plan->base[j] * stride;
+  const uint8_t* src = sv.values + static_cast<size_t>(r0) * w;
+  auto stage = [&](auto width) {
+    for (uint32_t r = r0; r < r1; r++, out += stride, src += width) {
+      const uint32_t s = static_cast<uint32_t>(pk[r] - kmin) | (sv.is_tomb(r) ? DensePlan::kTomb : 0u);
+      std::memcpy(out, &s, 4);
+      std::memcpy(out + 4, src, width);
+    }
+  };
+  // The common widths get a fixed-size copy.
+  if (w == 4) stage(std::integral_constant<uint32_t, 4>());
+  else if (w == 8) stage(std::integral_constant<uint32_t, 8>());
+  else stage(w);
   plan->staged[j] = r1 - r0;
   return true;
 }
@@ -610,19 +616,20 @@ void DenseSweep::PutBuffered(size_t e) {
 template <uint32_t kW>
 void DenseSweep::PlaceRef(uint32_t j, uint64_t ws, uint64_t we) {
   const uint32_t w = kW ? kW : plan_.w;
+  const uint32_t stride = 4 + w;
   const uint32_t t = plan_.rank[j] << 1;
-  const uint32_t* pos = plan_.pos.data();
-  const uint8_t* src = plan_.vals.data();
   uint32_t* tags = tags_.data();
   uint8_t* vals = vals_.data();
   const uint64_t end = plan_.base[j] + plan_.staged[j];
   uint64_t at = at_[j];
-  for (; at < end; at++) {
-    const uint32_t p = pos[at];
+  const uint8_t* rec = plan_.recs.data() + at * stride;
+  for (; at < end; at++, rec += stride) {
+    uint32_t p;
+    std::memcpy(&p, rec, 4);
     const uint64_t s = (p & ~DensePlan::kTomb) - ws;
     if (s >= we - ws) break;
     tags[s] = t | (p >> 31);
-    std::memcpy(vals + s * w, src + at * w, w);
+    std::memcpy(vals + s * w, rec + 4, w);
   }
   at_[j] = at;
 }
@@ -662,19 +669,35 @@ void DenseSweep::SweepTo(uint64_t bound) {
     // has a current version and no buffered item is one block copy. Items taken are counted
     // per seq rank in four tables by slot: consecutive slots mostly hold the same rank, and
     // one counter would make every increment wait for the previous one's store.
-    uint64_t* kp = col_->keys.data();
+    uint64_t* __restrict kp = col_->keys.data();
     uint8_t* vp = col_->values.data();
-    const uint32_t* tags = tags_.data();
+    const uint32_t* __restrict tags = tags_.data();
     const uint8_t* vals = vals_.data();
     const uint64_t k0 = plan.kmin + ws_;
     while (k_ < nb && buf_.keys[k_] < k0) PutBuffered(k_++);
-    uint32_t gaps = 0;
-    for (uint64_t s = 0; s < n; s++) gaps |= (tags[s] == 0) | (tags[s] & 1);
-    if (!gaps && (k_ == nb || buf_.keys[k_] >= k0 + n)) {
-      for (uint64_t s = 0; s < n; s++) kp[o_ + s] = k0 + s;
+    // Any slot without a version (tag 0) or deleted (odd tag)? An OR and a min, vectorised.
+    uint32_t any = 0, least = UINT32_MAX;
+    for (uint64_t s = 0; s < n; s++) {
+      any |= tags[s];
+      least = std::min(least, tags[s]);
+    }
+    if (!(any & 1) && least != 0 && (k_ == nb || buf_.keys[k_] >= k0 + n)) {
+      uint64_t* __restrict out = kp + o_;
+      for (uint64_t s = 0; s < n; s++) out[s] = k0 + s;
       std::memcpy(vp + o_ * w, vals, n * w);
       o_ += n;
-      for (uint64_t s = 0; s < n; s++) taken_[(s & 3) * nt + (tags[s] >> 1)]++;
+      // Items per rank by runs: a window's slots hold long runs of one page's versions.
+      uint32_t cur = tags[0];
+      uint64_t run = 0;
+      for (uint64_t s = 0; s < n; s++) {
+        if (tags[s] != cur) {
+          taken_[cur >> 1] += run;
+          cur = tags[s];
+          run = 0;
+        }
+        run++;
+      }
+      taken_[cur >> 1] += run;
     } else {
       for (uint64_t s = 0; s < n; s++) {
         const uint32_t t = tags[s];

@@ -153,15 +153,16 @@ struct DensePlan {
   // Per ref: the slots its records may take in the range, [first, last] (from the page
   // table; first = span for a ref with none in the range).
   std::vector<uint64_t> first, last;
-  // Staged records: ref j's records in the range at [base[j], base[j] + staged[j]) of pos and
-  // vals, ascending key order. pos: key - kmin, with kTomb set for a tombstone (spans stay
-  // below kTomb); vals: w bytes each (a tombstone's unwritten).
+  // Staged records: ref j's records in the range are records [base[j], base[j] + staged[j])
+  // of `recs`, ascending key order, each (stride 4 + w) its slot (key - kmin, with kTomb set
+  // for a tombstone; spans stay below kTomb) and its value (a tombstone's unwritten): one
+  // stream per page for the sweep to read, not two.
   static constexpr uint32_t kTomb = 1u << 31;
   std::vector<uint64_t> base;
   std::vector<uint32_t> staged;
   std::vector<uint8_t> arrived;  // per ref: staged already (a page is staged once)
-  HVec<uint32_t> pos;
-  HVec<uint8_t> vals;
+  uint32_t stride = 0;
+  HVec<uint8_t> recs;
 };
 // Whether the pages' keys in [lo, hi_incl] span little enough more than their records for a
 // slot per key to pay (item ids; MergeDense's rule).

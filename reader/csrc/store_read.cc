@@ -252,8 +252,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     // A helper thread sweeps while this one reads and stages, where the sweep is worth a thread.
     constexpr uint64_t kBackgroundSweepSlots = 256u << 10;
     f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, f.dplan.span >= kBackgroundSweepSlots);
-    f.populate.Start({{f.dplan.pos.data(), f.dplan.pos.size() * 4},
-                      {f.dplan.vals.data(), f.dplan.vals.size()},
+    f.populate.Start({{f.dplan.recs.data(), f.dplan.recs.size()},
                       {col.keys.data(), col.keys.size() * 8},
                       {col.values.data(), col.values.size()}});
   }

@@ -63,7 +63,7 @@ class Populator {
   // Faults in the whole pages of each range on a new thread, in order; nothing when the
   // ranges total less than kMinBytes. The buffers must outlive the thread: Join (or the
   // destructor) before they are freed. One Start per Join.
-  static constexpr size_t kMinBytes = 4u << 20;
+  static constexpr size_t kMinBytes = 1u << 20;
   void Start(std::vector<std::pair<void*, size_t>> ranges);
   void Join() {
     if (t_.joinable()) t_.join();

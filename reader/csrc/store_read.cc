@@ -250,7 +250,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     if (!f.dense_placed) continue;
     ColumnData& col = (*out)[i];
     // A helper thread sweeps while this one reads and stages, where the sweep is worth a thread.
-    constexpr uint64_t kBackgroundSweepSlots = 256u << 10;
+    constexpr uint64_t kBackgroundSweepSlots = 64u << 10;
     f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, f.dplan.span >= kBackgroundSweepSlots);
     f.populate.Start({{f.dplan.recs.data(), f.dplan.recs.size()},
                       {col.keys.data(), col.keys.size() * 8},

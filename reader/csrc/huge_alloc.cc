@@ -12,9 +12,9 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <system_error>
 #include <map>
 #include <new>
+#include <system_error>
 #include <unordered_map>
 
 #include "reader/csrc/column.h"

@@ -244,9 +244,9 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       if (status.ok()) status = cb(runs[slot[s].run], slots_.data() + static_cast<size_t>(s) * slot_bytes_);
       free_slots.push_back(s);
       // Refill at once: when the callbacks are slower than the device, delivering a whole
-      // batch of completions before issuing more let the queue drain to nothing and refill
-      // in one go (reads at ~half the device's random-read rate). Queued reads are submitted
-      // in fours, or at once when few are left in flight.
+      // batch of completions before issuing more let the queue drain and refill in one go,
+      // the device idle meanwhile. Queued reads are submitted in fours, or at once when few
+      // are left in flight.
       if (status.ok() && next < runs.size()) {
         const unsigned f = free_slots.back();
         free_slots.pop_back();

@@ -503,8 +503,9 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
   }
   if (r1 > r0 && plan->first[j] >= plan->span) return false;  // listed as outside the range
   // Each key within the ref's listed range (the sweep sweeps a window once every ref listed
-  // as reaching into it is staged), ascending: two branch-free passes the compiler vectorises
-  // (one with the order check took ~2/3 of the staging).
+  // as reaching into it is staged), and ascending: checked in two branch-free passes the
+  // compiler vectorises, apart from the conversion (a loop doing all three did not vectorise
+  // and was most of the staging's time).
   const uint64_t kmin = plan->kmin, first = plan->first[j], n = plan->last[j] - first + 1;
   uint64_t bad = 0;
   for (uint32_t r = r0; r < r1; r++) bad |= pk[r] - kmin - first >= n;  // (wraps below first: >= n)
@@ -666,9 +667,10 @@ void DenseSweep::SweepTo(uint64_t bound) {
                                  [&](uint32_t j) { return at_[j] == plan.base[j] + plan.staged[j]; }),
                   active_.end());
     // The window into the output, merged with the buffered items. A window whose every key
-    // has a current version and no buffered item is one block copy. Items taken are counted
-    // per seq rank in four tables by slot: consecutive slots mostly hold the same rank, and
-    // one counter would make every increment wait for the previous one's store.
+    // has a current version and no buffered item is one block copy, its items per seq rank
+    // counted by runs; elsewhere they are counted in four tables by slot (consecutive slots
+    // mostly hold the same rank, and one counter would make every increment wait for the
+    // previous one's store).
     uint64_t* __restrict kp = col_->keys.data();
     uint8_t* vp = col_->values.data();
     const uint32_t* __restrict tags = tags_.data();

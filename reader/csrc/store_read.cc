@@ -179,26 +179,27 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   const bool to_end = hi == UINT64_MAX;
   std::vector<ScanFeature> fs(nf);
   for (size_t i = 0; i < nf; i++) RF_RETURN_IF_ERROR(FeatureFor(names[i], &fs[i].def));
-  // Only features whose pages overlap need their key index (the index-guided merge); the
-  // others are placed page by page, so their checkpointed indexes stay encoded.
-  std::vector<uint8_t> overlapping(nf, 0);
-  bool any_overlapping = false;
+  // Only features whose pages overlap need their key index (the index-guided merge), unless
+  // dense placement takes them; the others are placed page by page, so their checkpointed
+  // indexes stay encoded.
+  std::vector<uint8_t> wants_index(nf, 0);
+  bool any_wants_index = false;
   if (use_index) {
     MutexLock l(&mu_);
     const std::shared_ptr<const Version> cur = versions_.current();
     for (size_t i = 0; i < nf; i++) {
-      overlapping[i] = WantsIndex(cur->refs(fs[i].def.id), fs[i].def, lo, hi == UINT64_MAX ? UINT64_MAX : hi - 1);
-      any_overlapping |= overlapping[i] != 0;
+      wants_index[i] = WantsIndex(cur->refs(fs[i].def.id), fs[i].def, lo, hi == UINT64_MAX ? UINT64_MAX : hi - 1);
+      any_wants_index |= wants_index[i] != 0;
     }
   }
-  if (o_.read_only && any_overlapping) RF_RETURN_IF_ERROR(TryKeyIndexFromCheckpoint());
+  if (o_.read_only && any_wants_index) RF_RETURN_IF_ERROR(TryKeyIndexFromCheckpoint());
   for (size_t i = 0; i < nf; i++) {
     // Checkpointed key indexes decode on first use. The index-guided merge never runs for a
     // dense index, so a checkpointed dense one stays encoded (decoding it, 4 B per key, was
     // the largest cost of a feature's first scan after an open). A writer's flush between
     // here and the snapshot below can make a feature overlap whose index is still encoded:
     // that scan merges the pages' chunks instead.
-    if (!overlapping[i]) continue;
+    if (!wants_index[i]) continue;
     if (FeatureState* f = FeatureStateFor(fs[i].def.id); f && !IndexPendingDense(f)) RF_RETURN_IF_ERROR(LoadIndex(f));
   }
   out->assign(nf, ColumnData());
@@ -247,14 +248,25 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     PlanDirect(&f, &(*out)[i]);
     if (f.direct || f.refs.empty() || f.def.fixed_width() == 0) continue;
     f.dense_placed = PlanDensePlacement(f.refs, lo, to_end ? UINT64_MAX : hi - 1, f.def.fixed_width(), &f.dplan);
+  }
+  // Helper threads (the sweep, the faulting-in of fresh buffers) for the largest dense
+  // placement only, where the sweep is worth a thread: one scan_many of a Ray read task may
+  // place dozens of features, and a thread each would oversubscribe the cores.
+  constexpr uint64_t kBackgroundSweepSlots = 64u << 10;
+  size_t helped = nf;
+  for (size_t i = 0; i < nf; i++)
+    if (fs[i].dense_placed && fs[i].dplan.span >= kBackgroundSweepSlots &&
+        (helped == nf || fs[i].dplan.span > fs[helped].dplan.span))
+      helped = i;
+  for (size_t i = 0; i < nf; i++) {
+    ScanFeature& f = fs[i];
     if (!f.dense_placed) continue;
     ColumnData& col = (*out)[i];
-    // A helper thread sweeps while this one reads and stages, where the sweep is worth a thread.
-    constexpr uint64_t kBackgroundSweepSlots = 64u << 10;
-    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, f.dplan.span >= kBackgroundSweepSlots);
-    f.populate.Start({{f.dplan.recs.data(), f.dplan.recs.size()},
-                      {col.keys.data(), col.keys.size() * 8},
-                      {col.values.data(), col.values.size()}});
+    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, i == helped);
+    if (i == helped)
+      f.populate.Start({{f.dplan.recs.data(), f.dplan.recs.size()},
+                        {col.keys.data(), col.keys.size() * 8},
+                        {col.values.data(), col.values.size()}});
   }
   std::sort(pids.begin(), pids.end());
   if (nf == 1 && fs[0].dense_placed) {

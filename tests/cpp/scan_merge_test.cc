@@ -450,7 +450,9 @@ TEST(ScanMerge, DensePlacementInWindowsAgreesWithBruteForce) {
         }
         std::vector<uint64_t> scratch;
         ColumnData col;
-        DenseSweep sweep(plan, buf, &col, /*background=*/window == 64 || (window == 0 && round & 1));
+        const bool helper = window == 64 || (window == 0 && round & 1);
+        DenseSweep sweep(plan, buf, &col, helper);
+        EXPECT_EQ(sweep.background(), helper);
         for (size_t x = 0; x < order.size(); x++) {
           EXPECT_TRUE(PlaceDense(pages[order[x]].sv, static_cast<uint32_t>(order[x]), &plan, &scratch));
           sweep.Advance();  // sweeps what the pages so far allow

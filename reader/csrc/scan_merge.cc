@@ -14,6 +14,10 @@ namespace recflash {
 
 namespace {
 
+// Whether keys spanning [kmin, kmax] with `total` records are dense enough for a slot per key
+// (item ids) to pay: the rule of MergeDense and dense placement.
+bool SlotsPay(uint64_t kmin, uint64_t kmax, uint64_t total) { return kmax - kmin < 2 * total + 4096; }
+
 // A feature's refs by page id (a lookup per index entry).
 PageMap RefOfPage(const std::vector<PageRef>& refs, size_t lookups) {
   return PageMap(refs.size(), [&](size_t j) { return refs[j].page; }, lookups);
@@ -195,7 +199,7 @@ bool MergeDense(const std::vector<uint32_t>& order, MergeSink* sink) {
     kmax = std::max(kmax, cs[c].keys.back());
     total += cs[c].keys.size();
   }
-  if (!(order.size() > 1 && kmax - kmin < 2 * total + 4096)) return false;
+  if (!(order.size() > 1 && SlotsPay(kmin, kmax, total))) return false;
   // Windows of the key span bound the slot arrays' memory.
   constexpr uint64_t kWindow = 1u << 22;
   std::vector<uint32_t> by_seq(order);
@@ -437,14 +441,15 @@ void KeySpan(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, ui
 bool DenseKeyRange(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl) {
   uint64_t kmin, kmax, total;
   KeySpan(refs, lo, hi_incl, &kmin, &kmax, &total);
-  return kmin <= kmax && kmax - kmin < 2 * total + 4096;  // MergeDense's rule
+  return kmin <= kmax && SlotsPay(kmin, kmax, total);
 }
 
 bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t hi_incl, uint32_t w,
                         DensePlan* plan) {
-  if (refs.size() < 2 || w == 0 || lo > hi_incl || !DenseKeyRange(refs, lo, hi_incl)) return false;
+  if (refs.size() < 2 || w == 0 || lo > hi_incl) return false;
   uint64_t kmin, kmax, total;
   KeySpan(refs, lo, hi_incl, &kmin, &kmax, &total);
+  if (kmin > kmax || !SlotsPay(kmin, kmax, total)) return false;
   if (kmax - kmin >= DensePlan::kTomb) return false;  // slot numbers are 31 bits
   plan->kmin = kmin;
   plan->span = kmax - kmin + 1;

@@ -274,13 +274,12 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     // lowest key they hold, so that the sweep writes windows of the output while reads are in
     // flight (in page order, the first window's pages may come last). Runs, not pages: a
     // feature's pages lie in runs written together, and one read per page took twice as long.
-    std::unordered_map<uint32_t, uint64_t> first_of;
-    for (size_t j = 0; j < fs[0].refs.size(); j++) first_of[fs[0].refs[j].page] = fs[0].dplan.first[j];
+    auto first_of = [&](uint32_t page) { return fs[0].dplan.first[users[page].front().second]; };
     const uint32_t per_read = std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size);
     std::vector<PageRun> runs = CoalescePages(pids, per_read);
     std::vector<uint64_t> low(runs.size(), UINT64_MAX);
     for (size_t r = 0; r < runs.size(); r++)
-      for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) low[r] = std::min(low[r], first_of[p]);
+      for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) low[r] = std::min(low[r], first_of(p));
     std::vector<uint32_t> by_low(runs.size());
     for (uint32_t r = 0; r < runs.size(); r++) by_low[r] = r;
     std::stable_sort(by_low.begin(), by_low.end(), [&](uint32_t a, uint32_t b) { return low[a] < low[b]; });

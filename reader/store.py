@@ -64,6 +64,10 @@ class StoreOptions:
     build_threads: int = 2
     #: Largest coalesced read of adjacent pages.
     max_io_bytes: int = 256 << 10
+    #: Bytes of page reads a scan keeps in flight (at least one read; 0: up to queue_depth
+    #: reads): enough to keep the device streaming, so that decoding overlaps the reads
+    #: instead of waiting for a deep queue that completes in one burst.
+    read_inflight_bytes: int = 768 << 10
     #: Verify block-granular embedding-row reads (vector-grained SLS) against crc32c sums of
     #: their 512 B blocks, taken from checksum-verified whole-page reads (4 B of DRAM per
     #: block; a packed page without sums is read whole once). False: such reads are unverified.

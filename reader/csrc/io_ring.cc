@@ -133,7 +133,7 @@ Status IoRing::Abandon(Status status, unsigned inflight) {
 }
 
 Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
-                        const RunCallback& cb, const IdleFn& idle) {
+                        const RunCallback& cb, const IdleFn& idle, uint64_t max_inflight_bytes) {
   struct Pending {
     size_t run = 0;
     uint32_t done = 0;  // bytes already read (short reads are resubmitted)
@@ -148,9 +148,23 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
                                      "' is larger than a ring slot (" + std::to_string(slot_bytes_) + " bytes)");
   size_t next = 0;
   unsigned inflight = 0;
+  uint64_t inflight_bytes = 0;  // of the runs submitted and not yet completed
   Status status;
   const bool reverse = completion_order() == CompletionOrder::kReverse;
   std::vector<unsigned> held;  // kReverse: completed slots not yet delivered
+  // The next run may go out: a free slot, and within the byte budget (always when nothing
+  // is in flight, so a run larger than the budget still goes and the loop cannot stall).
+  auto may_issue = [&]() {
+    if (next >= runs.size() || free_slots.empty()) return false;
+    return max_inflight_bytes == 0 || inflight == 0 ||
+           inflight_bytes + static_cast<uint64_t>(runs[next].count) * page_size <= max_inflight_bytes;
+  };
+  peak_inflight_bytes_ = 0;
+  auto issue = [&](unsigned s) {
+    slot[s] = Pending{next, 0};
+    inflight_bytes += static_cast<uint64_t>(runs[next++].count) * page_size;
+    peak_inflight_bytes_ = std::max(peak_inflight_bytes_, inflight_bytes);
+  };
 
   auto submit_slot = [&](unsigned s) {
     const PageRun& r = runs[slot[s].run];
@@ -171,10 +185,10 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   while (next < runs.size() || inflight > 0) {
     bool queued = unsent > 0;
     unsent = 0;  // (submitted by this round's submit or wait)
-    while (status.ok() && next < runs.size() && !free_slots.empty()) {
+    while (status.ok() && may_issue()) {
       unsigned s = free_slots.back();
       free_slots.pop_back();
-      slot[s] = Pending{next++, 0};
+      issue(s);
       submit_slot(s);
       queued = true;
     }
@@ -223,6 +237,7 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       if (slot[s].done < total) {
         completed.push_back(s | 0x80000000u);
       } else {
+        inflight_bytes -= total;
         completed.push_back(s);
       }
     }
@@ -247,10 +262,10 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       // batch of completions before issuing more let the queue drain and refill in one go,
       // the device idle meanwhile. Queued reads are submitted in fours, or at once when few
       // are left in flight.
-      if (status.ok() && next < runs.size()) {
+      while (status.ok() && may_issue()) {
         const unsigned f = free_slots.back();
         free_slots.pop_back();
-        slot[f] = Pending{next++, 0};
+        issue(f);
         submit_slot(f);
         if (++unsent >= 4 || inflight - unsent < depth_ / 4) {
           const int rc = Submit(0, path);

@@ -80,8 +80,14 @@ class IoRing {
   // parent: it must neither use it nor tear it down (IoRingPool drops such rings).
   int owner_pid() const { return owner_pid_; }
   // Reads every run (each at most slot_bytes) from fd, calling cb as runs complete.
+  // `max_inflight_bytes` (0: no limit) caps the bytes of the runs in flight below the ring's
+  // depth: a device that completes a deep queue in one burst leaves the callbacks nothing to
+  // do until the last read is in, while a shallower queue it completes in a steady stream
+  // at the same throughput, the decoding overlapping the reads (see StoreOptions).
   Status ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
-                  const RunCallback& cb, const IdleFn& idle = nullptr);
+                  const RunCallback& cb, const IdleFn& idle = nullptr, uint64_t max_inflight_bytes = 0);
+  // Most bytes the last ReadRuns had in flight at once (tests: the budget holds).
+  uint64_t peak_inflight_bytes() const { return peak_inflight_bytes_; }
   // Reads arbitrary byte ranges (offset and length aligned to the device's logical block,
   // each at most slot_bytes): the vector-grained path. cb gets the block index and its bytes.
   struct Block {
@@ -116,6 +122,7 @@ class IoRing {
   AlignedBuffer slots_;  // depth_ slots of slot_bytes_, registered with the ring
   bool registered_ = false;
   int owner_pid_ = 0;
+  uint64_t peak_inflight_bytes_ = 0;
 };
 
 // A small pool so concurrent readers each get a ring of their own.

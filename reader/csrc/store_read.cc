@@ -42,7 +42,7 @@ Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pi
       RF_RETURN_IF_ERROR(fn(run.first + k, pv));
     }
     return Status::OK();
-  }, idle);
+  }, idle, o_.read_inflight_bytes);
 }
 
 void StoreImpl::FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st) {

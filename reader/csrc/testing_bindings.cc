@@ -45,7 +45,8 @@ class TestRing {
   }
   // Bytes of each run, in run order. Errors come back as RuntimeError("<Code>: message").
   std::vector<py::bytes> ReadRuns(const std::string& path, uint32_t page_size,
-                                  const std::vector<std::pair<uint32_t, uint32_t>>& runs) {
+                                  const std::vector<std::pair<uint32_t, uint32_t>>& runs,
+                                  uint64_t max_inflight_bytes) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw std::runtime_error("cannot open " + path);
     std::vector<PageRun> pr;
@@ -59,7 +60,7 @@ class TestRing {
           if (pr[i].first == r.first && pr[i].count == r.count)
             out[i].assign(reinterpret_cast<const char*>(data), static_cast<size_t>(r.count) * page_size);
         return Status::OK();
-      });
+      }, nullptr, max_inflight_bytes);
     }
     ::close(fd);
     if (!s.ok()) throw std::runtime_error(s.ToString());
@@ -68,6 +69,7 @@ class TestRing {
     return res;
   }
   bool broken() const { return ring_->broken(); }
+  uint64_t peak_inflight_bytes() const { return ring_->peak_inflight_bytes(); }
 
  private:
   std::unique_ptr<IoRing> ring_;
@@ -210,7 +212,9 @@ void RegisterTestingBindings(py::module_& parent) {
   m.def("crc32c", [](const std::string& data) { return crc32c::Value(data.data(), data.size()); });
   py::class_<TestRing>(m, "TestRing")
       .def(py::init<unsigned, uint32_t>(), py::arg("depth"), py::arg("slot_bytes"))
-      .def("read_runs", &TestRing::ReadRuns)
+      .def("read_runs", &TestRing::ReadRuns, py::arg("path"), py::arg("page_size"), py::arg("runs"),
+           py::arg("max_inflight_bytes") = 0)
+      .def_property_readonly("peak_inflight_bytes", &TestRing::peak_inflight_bytes)
       .def_property_readonly("broken", &TestRing::broken);
 }
 

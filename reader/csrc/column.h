@@ -20,6 +20,9 @@ void* HugeAllocate(size_t bytes);
 // Frees a HugeAllocate block of `bytes` (what was asked for); large blocks are kept for reuse
 // (huge_alloc.cc).
 void HugeFree(void* p, size_t bytes);
+// Returns the cached (freed, kept for reuse) blocks to the kernel; the bytes they hold.
+void HugeReleaseCached();
+size_t HugeCachedBytes();
 
 template <typename T>
 struct HugeAlloc {

@@ -512,24 +512,37 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
   // compiler vectorises, apart from the conversion (a loop doing all three did not vectorise
   // and was most of the staging's time).
   const uint64_t kmin = plan->kmin, first = plan->first[j], n = plan->last[j] - first + 1;
+  const uint64_t* __restrict a = pk + r0;
+  const size_t m = r1 - r0;
   uint64_t bad = 0;
-  for (uint32_t r = r0; r < r1; r++) bad |= pk[r] - kmin - first >= n;  // (wraps below first: >= n)
-  for (uint32_t r = r0 + 1; r < r1; r++) bad |= pk[r] <= pk[r - 1];
+  for (size_t r = 0; r < m; r++) bad |= a[r] - kmin - first >= n;  // (wraps below first: >= n)
+  // Ascending: keys within the range just checked differ by less than 2^63, so the sign of
+  // the difference decides, a compare that vectorises (an unsigned one does not here).
+  for (size_t r = 1; r < m; r++) bad |= static_cast<int64_t>(a[r - 1] - a[r]) >= 0;
   if (bad) return false;  // nothing is read from a ref whose staged count stays 0
   const uint32_t w = plan->w, stride = plan->stride;
-  uint8_t* out = plan->recs.data() + plan->base[j] * stride;
-  const uint8_t* src = sv.values + static_cast<size_t>(r0) * w;
-  auto stage = [&](auto width) {
-    for (uint32_t r = r0; r < r1; r++, out += stride, src += width) {
-      const uint32_t s = static_cast<uint32_t>(pk[r] - kmin) | (sv.is_tomb(r) ? DensePlan::kTomb : 0u);
+  uint8_t* __restrict out = plan->recs.data() + plan->base[j] * stride;
+  const uint8_t* __restrict src = sv.values + static_cast<size_t>(r0) * w;
+  const uint8_t* const tomb = sv.tomb;
+  auto stage = [&](auto width, auto has_tombs) {
+    for (size_t r = 0; r < m; r++, out += stride, src += width) {
+      uint32_t s = static_cast<uint32_t>(a[r] - kmin);
+      if constexpr (decltype(has_tombs)::value) {
+        const size_t i = r0 + r;
+        s |= static_cast<uint32_t>(tomb[i >> 3] >> (i & 7) & 1) << 31;  // DensePlan::kTomb
+      }
       std::memcpy(out, &s, 4);
       std::memcpy(out + 4, src, width);
     }
   };
-  // The common widths get a fixed-size copy.
-  if (w == 4) stage(std::integral_constant<uint32_t, 4>());
-  else if (w == 8) stage(std::integral_constant<uint32_t, 8>());
-  else stage(w);
+  // The common widths get a fixed-size copy; pages without deletes skip the tombstone bits.
+  auto by_width = [&](auto has_tombs) {
+    if (w == 4) stage(std::integral_constant<uint32_t, 4>(), has_tombs);
+    else if (w == 8) stage(std::integral_constant<uint32_t, 8>(), has_tombs);
+    else stage(w, has_tombs);
+  };
+  if (tomb) by_width(std::true_type());
+  else by_width(std::false_type());
   plan->staged[j] = r1 - r0;
   return true;
 }
@@ -693,18 +706,11 @@ void DenseSweep::SweepTo(uint64_t bound) {
       for (uint64_t s = 0; s < n; s++) out[s] = k0 + s;
       std::memcpy(vp + o_ * w, vals, n * w);
       o_ += n;
-      // Items per rank by runs: a window's slots hold long runs of one page's versions.
-      uint32_t cur = tags[0];
-      uint64_t run = 0;
-      for (uint64_t s = 0; s < n; s++) {
-        if (tags[s] != cur) {
-          taken_[cur >> 1] += run;
-          cur = tags[s];
-          run = 0;
-        }
-        run++;
-      }
-      taken_[cur >> 1] += run;
+      // Items per seq rank, in four tables by slot as below (counting runs of one rank
+      // mispredicted a branch per run: after uniform updates neighbouring slots mostly come
+      // from different pages).
+      uint64_t* __restrict taken = taken_.data();
+      for (uint64_t s = 0; s < n; s++) taken[(s & 3) * nt + (tags[s] >> 1)]++;
     } else {
       for (uint64_t s = 0; s < n; s++) {
         const uint32_t t = tags[s];

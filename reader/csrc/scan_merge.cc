@@ -557,13 +557,8 @@ DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnDa
     if (plan.first[j] < plan.span) by_first_.push_back(j);
   std::sort(by_first_.begin(), by_first_.end(),
             [&](uint32_t x, uint32_t y) { return plan.first[x] < plan.first[y]; });
-  at_.resize(nr);
-  for (uint32_t j = 0; j < nr; j++) at_[j] = plan.base[j];
-  active_.reserve(nr);  // the sweep allocates nothing
-  taken_.assign(4 * plan.enc.size(), 0);
-  const uint64_t wcap = std::min<uint64_t>(std::max<uint32_t>(plan.window, 1), plan.span);
-  tags_.resize(wcap);
-  vals_.resize(wcap * plan.w);
+  InitSweeper(&main_);
+  for (uint32_t j = 0; j < nr; j++) main_.at[j] = plan.base[j];
   if (background) {
     try {
       thread_ = std::thread([this] { Helper(); });
@@ -571,6 +566,16 @@ DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnDa
       // No thread to be had: Advance sweeps on the caller's thread.
     }
   }
+}
+
+void DenseSweep::InitSweeper(Sweeper* c) {
+  const size_t nr = plan_.base.size();
+  c->at.resize(nr);
+  c->active.reserve(nr);  // the sweep allocates nothing
+  c->taken.assign(4 * plan_.enc.size(), 0);
+  const uint64_t wcap = std::min<uint64_t>(std::max<uint32_t>(plan_.window, 1), plan_.span);
+  c->tags.resize(wcap);
+  c->vals.resize(wcap * plan_.w);
 }
 
 DenseSweep::~DenseSweep() {
@@ -587,15 +592,17 @@ void DenseSweep::Helper() {
   uint64_t done = 0;  // the bound swept to
   for (;;) {
     uint64_t bound;
+    bool last;
     {
       MutexLock l(&mu_);
-      while (!stop_ && bound_ == done) cv_.Wait(&mu_);
+      while (!stop_ && !last_ && bound_ == done) cv_.Wait(&mu_);
       if (stop_) return;
       bound = bound_;
+      last = last_;
     }
-    SweepTo(bound);  // the staging below `bound` was written before it was published
+    SweepTo(&main_, bound);  // the staging below `bound` was written before it was published
     done = bound;
-    if (done == plan_.span) return;
+    if (last || done == plan_.span) return;
   }
 }
 
@@ -607,11 +614,13 @@ uint64_t DenseSweep::ReadyBound() {
 void DenseSweep::Advance() {
   const uint64_t bound = ReadyBound();
   if (!thread_.joinable()) {
-    SweepTo(bound);
+    SweepTo(&main_, bound);
     return;
   }
-  // Handed over a window's worth at a time (a wake-up per page would cost more than it gives).
-  if (bound < plan_.span && bound < published_ + std::max<uint32_t>(plan_.window, 1)) return;
+  // Handed over a window's worth at a time (a wake-up per page would cost more than it
+  // gives). Not the span: once every page is staged, Finish splits what is left between the
+  // helper and the caller's thread.
+  if (bound == plan_.span || bound < published_ + std::max<uint32_t>(plan_.window, 1)) return;
   if (bound == published_) return;
   {
     MutexLock l(&mu_);
@@ -621,26 +630,26 @@ void DenseSweep::Advance() {
   cv_.Signal();
 }
 
-void DenseSweep::PutBuffered(size_t e) {
+void DenseSweep::PutBuffered(Sweeper* c, size_t e) {
   if (buf_.tomb[e]) return;
   const uint32_t w = plan_.w;
-  col_->keys[o_] = buf_.keys[e];
-  std::memcpy(col_->values.data() + o_ * w, buf_.value(e), w);
-  o_++;
+  col_->keys[c->o] = buf_.keys[e];
+  std::memcpy(col_->values.data() + c->o * w, buf_.value(e), w);
+  c->o++;
 }
 
 // Places ref j's staged records with slot numbers below `we` into the window starting at
 // slot ws. The refs of a window are placed oldest first, so a record always replaces what
 // its slot holds: no compare and no branch on which version wins.
 template <uint32_t kW>
-void DenseSweep::PlaceRef(uint32_t j, uint64_t ws, uint64_t we) {
+void DenseSweep::PlaceRef(Sweeper* c, uint32_t j, uint64_t ws, uint64_t we) {
   const uint32_t w = kW ? kW : plan_.w;
   const uint32_t stride = 4 + w;
   const uint32_t t = plan_.rank[j] << 1;
-  uint32_t* tags = tags_.data();
-  uint8_t* vals = vals_.data();
+  uint32_t* tags = c->tags.data();
+  uint8_t* vals = c->vals.data();
   const uint64_t end = plan_.base[j] + plan_.staged[j];
-  uint64_t at = at_[j];
+  uint64_t at = c->at[j];
   const uint8_t* rec = plan_.recs.data() + at * stride;
   for (; at < end; at++, rec += stride) {
     uint32_t p;
@@ -650,40 +659,40 @@ void DenseSweep::PlaceRef(uint32_t j, uint64_t ws, uint64_t we) {
     tags[s] = t | (p >> 31);
     std::memcpy(vals + s * w, rec + 4, w);
   }
-  at_[j] = at;
+  c->at[j] = at;
 }
 
-void DenseSweep::SweepTo(uint64_t bound) {
+void DenseSweep::SweepTo(Sweeper* c, uint64_t bound) {
   const DensePlan& plan = plan_;
   const uint32_t w = plan.w;
   const size_t nb = buf_.size(), nt = plan.enc.size();
   const uint64_t wn = std::max<uint32_t>(plan.window, 1);
   // A window is swept once every ref listed as reaching into it is staged: it ends at or
   // below the bound (the first slot of the first ref not yet staged).
-  while (ws_ < plan.span) {
-    const uint64_t we = std::min(plan.span, ws_ + wn), n = we - ws_;
+  while (c->ws < plan.span) {
+    const uint64_t we = std::min(plan.span, c->ws + wn), n = we - c->ws;
     if (we > bound) return;
     bool added = false;
-    while (waiting_ < by_first_.size() && plan.first[by_first_[waiting_]] < we) {
-      const uint32_t j = by_first_[waiting_++];
+    while (c->waiting < by_first_.size() && plan.first[by_first_[c->waiting]] < we) {
+      const uint32_t j = by_first_[c->waiting++];
       if (plan.staged[j]) {
-        active_.push_back(j);
+        c->active.push_back(j);
         added = true;
       }
     }
     if (added)
-      std::sort(active_.begin(), active_.end(), [&](uint32_t x, uint32_t y) { return plan.rank[x] < plan.rank[y]; });
-    std::memset(tags_.data(), 0, n * 4);
-    for (uint32_t j : active_) {
+      std::sort(c->active.begin(), c->active.end(), [&](uint32_t x, uint32_t y) { return plan.rank[x] < plan.rank[y]; });
+    std::memset(c->tags.data(), 0, n * 4);
+    for (uint32_t j : c->active) {
       switch (w) {  // the common widths get a fixed-size copy
-        case 4: PlaceRef<4>(j, ws_, we); break;
-        case 8: PlaceRef<8>(j, ws_, we); break;
-        default: PlaceRef<0>(j, ws_, we); break;
+        case 4: PlaceRef<4>(c, j, c->ws, we); break;
+        case 8: PlaceRef<8>(c, j, c->ws, we); break;
+        default: PlaceRef<0>(c, j, c->ws, we); break;
       }
     }
-    active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                 [&](uint32_t j) { return at_[j] == plan.base[j] + plan.staged[j]; }),
-                  active_.end());
+    c->active.erase(std::remove_if(c->active.begin(), c->active.end(),
+                                 [&](uint32_t j) { return c->at[j] == plan.base[j] + plan.staged[j]; }),
+                  c->active.end());
     // The window into the output, merged with the buffered items. A window whose every key
     // has a current version and no buffered item is one block copy, its items per seq rank
     // counted by runs; elsewhere they are counted in four tables by slot (consecutive slots
@@ -691,69 +700,128 @@ void DenseSweep::SweepTo(uint64_t bound) {
     // previous one's store).
     uint64_t* __restrict kp = col_->keys.data();
     uint8_t* vp = col_->values.data();
-    const uint32_t* __restrict tags = tags_.data();
-    const uint8_t* vals = vals_.data();
-    const uint64_t k0 = plan.kmin + ws_;
-    while (k_ < nb && buf_.keys[k_] < k0) PutBuffered(k_++);
+    const uint32_t* __restrict tags = c->tags.data();
+    const uint8_t* vals = c->vals.data();
+    const uint64_t k0 = plan.kmin + c->ws;
+    while (c->k < nb && buf_.keys[c->k] < k0) PutBuffered(c, c->k++);
     // Any slot without a version (tag 0) or deleted (odd tag)? An OR and a min, vectorised.
     uint32_t any = 0, least = UINT32_MAX;
     for (uint64_t s = 0; s < n; s++) {
       any |= tags[s];
       least = std::min(least, tags[s]);
     }
-    if (!(any & 1) && least != 0 && (k_ == nb || buf_.keys[k_] >= k0 + n)) {
-      uint64_t* __restrict out = kp + o_;
+    if (!(any & 1) && least != 0 && (c->k == nb || buf_.keys[c->k] >= k0 + n)) {
+      uint64_t* __restrict out = kp + c->o;
       for (uint64_t s = 0; s < n; s++) out[s] = k0 + s;
-      std::memcpy(vp + o_ * w, vals, n * w);
-      o_ += n;
+      std::memcpy(vp + c->o * w, vals, n * w);
+      c->o += n;
       // Items per seq rank, in four tables by slot as below (counting runs of one rank
       // mispredicted a branch per run: after uniform updates neighbouring slots mostly come
       // from different pages).
-      uint64_t* __restrict taken = taken_.data();
+      uint64_t* __restrict taken = c->taken.data();
       for (uint64_t s = 0; s < n; s++) taken[(s & 3) * nt + (tags[s] >> 1)]++;
     } else {
       for (uint64_t s = 0; s < n; s++) {
         const uint32_t t = tags[s];
         if (t == 0) continue;
         const uint64_t key = k0 + s;
-        if (k_ < nb) {
-          while (k_ < nb && buf_.keys[k_] < key) PutBuffered(k_++);
-          if (k_ < nb && buf_.keys[k_] == key) {  // the buffered write is newer
-            PutBuffered(k_++);
+        if (c->k < nb) {
+          while (c->k < nb && buf_.keys[c->k] < key) PutBuffered(c, c->k++);
+          if (c->k < nb && buf_.keys[c->k] == key) {  // the buffered write is newer
+            PutBuffered(c, c->k++);
             continue;
           }
         }
         if (t & 1) continue;  // deleted
-        kp[o_] = key;
-        if (w == 4) std::memcpy(vp + o_ * 4, vals + s * 4, 4);
-        else if (w == 8) std::memcpy(vp + o_ * 8, vals + s * 8, 8);
-        else std::memcpy(vp + o_ * w, vals + s * w, w);
-        o_++;
-        taken_[(s & 3) * nt + (t >> 1)]++;
+        kp[c->o] = key;
+        if (w == 4) std::memcpy(vp + c->o * 4, vals + s * 4, 4);
+        else if (w == 8) std::memcpy(vp + c->o * 8, vals + s * 8, 8);
+        else std::memcpy(vp + c->o * w, vals + s * w, w);
+        c->o++;
+        c->taken[(s & 3) * nt + (t >> 1)]++;
       }
     }
-    ws_ = we;
+    c->ws = we;
   }
 }
 
+void DenseSweep::StartSweeper(Sweeper* c, uint64_t from) {
+  InitSweeper(c);
+  const DensePlan& plan = plan_;
+  const uint32_t stride = plan.stride;
+  c->ws = from;
+  // The buffered items below `from` are the first sweeper's; so are the output positions
+  // that it may fill, at most a slot each below `from` and those items.
+  c->k = static_cast<size_t>(std::lower_bound(buf_.keys.begin(), buf_.keys.end(), plan.kmin + from) - buf_.keys.begin());
+  c->o = from + c->k;
+  c->waiting = static_cast<size_t>(
+      std::partition_point(by_first_.begin(), by_first_.end(), [&](uint32_t j) { return plan.first[j] < from; }) -
+      by_first_.begin());
+  // Refs starting below `from` join with their first staged record at or above it.
+  for (size_t x = 0; x < c->waiting; x++) {
+    const uint32_t j = by_first_[x];
+    uint64_t lo = plan.base[j], hi = plan.base[j] + plan.staged[j];
+    while (lo < hi) {
+      const uint64_t m = lo + (hi - lo) / 2;
+      uint32_t p;
+      std::memcpy(&p, plan.recs.data() + m * stride, 4);
+      if ((p & ~DensePlan::kTomb) < from) lo = m + 1;
+      else hi = m;
+    }
+    c->at[j] = lo;
+    if (lo < plan.base[j] + plan.staged[j]) c->active.push_back(j);
+  }
+  std::sort(c->active.begin(), c->active.end(), [&](uint32_t x, uint32_t y) { return plan.rank[x] < plan.rank[y]; });
+  for (size_t x = c->waiting; x < by_first_.size(); x++) c->at[by_first_[x]] = plan.base[by_first_[x]];
+}
+
 void DenseSweep::Finish(uint64_t* useful, double* encoded) {
+  Sweeper tail;
+  Sweeper* last = &main_;  // the sweeper that reaches the span
   if (thread_.joinable()) {
+    // Every page is staged. The helper sweeps up to `mid` while this thread sweeps the
+    // windows above it: the sweep left after the last read (all of it for a feature whose
+    // update pages each reach across its keys) takes half as long.
+    const uint64_t wn = std::max<uint32_t>(plan_.window, 1);
+    const uint64_t from = (published_ + wn - 1) / wn * wn;  // the helper sweeps no further yet
+    uint64_t mid = plan_.span;
+    if (from < plan_.span && (plan_.span - from) / wn >= 2) mid = from + (plan_.span - from) / wn / 2 * wn;
     {
       MutexLock l(&mu_);
-      bound_ = plan_.span;
+      bound_ = mid;
+      last_ = true;
     }
     cv_.Signal();
-    thread_.join();
+    if (mid < plan_.span) {
+      StartSweeper(&tail, mid);
+      const uint64_t start = tail.o;
+      SweepTo(&tail, plan_.span);
+      thread_.join();
+      // The first sweeper wrote fewer items than it could (keys without a version, deletes,
+      // buffered writes replacing a slot's version): the second's output moves down.
+      if (main_.o < start) {
+        const uint64_t n = tail.o - start, w = plan_.w;
+        std::memmove(col_->keys.data() + main_.o, col_->keys.data() + start, n * 8);
+        std::memmove(col_->values.data() + main_.o * w, col_->values.data() + start * w, n * w);
+        tail.o = main_.o + n;
+      }
+      split_slots_ = plan_.span - mid;
+      last = &tail;
+    } else {
+      thread_.join();
+    }
   } else {
-    SweepTo(plan_.span);
+    SweepTo(&main_, plan_.span);
   }
-  while (k_ < buf_.size()) PutBuffered(k_++);
-  col_->keys.resize(o_);
-  col_->values.resize(o_ * static_cast<size_t>(plan_.w));
+  while (last->k < buf_.size()) PutBuffered(last, last->k++);
+  col_->keys.resize(last->o);
+  col_->values.resize(last->o * static_cast<size_t>(plan_.w));
   const size_t nt = plan_.enc.size();
   uint64_t from_disk = 0;
   for (size_t r = 0; r < nt; r++) {
-    const uint64_t n = taken_[r] + taken_[nt + r] + taken_[2 * nt + r] + taken_[3 * nt + r];
+    uint64_t n = 0;
+    for (const Sweeper* c : {&main_, &tail})
+      if (!c->taken.empty()) n += c->taken[r] + c->taken[nt + r] + c->taken[2 * nt + r] + c->taken[3 * nt + r];
     from_disk += n;
     *encoded += static_cast<double>(n) * plan_.enc[r];
   }

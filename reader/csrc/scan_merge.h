@@ -195,20 +195,40 @@ class DenseSweep {
   // Sweeps the rest (every page of the range staged), trims the output and adds the logical
   // and encoded bytes of the items taken from pages.
   void Finish(uint64_t* useful, double* encoded);
-  // Slots swept so far (the windows written to the output; after Finish with a helper).
-  uint64_t swept() const { return ws_; }
+  // Slots swept so far by the first sweeper (the windows written to the output).
+  uint64_t swept() const { return main_.ws; }
+  // Slots the caller's thread swept in Finish beside the helper (0: no split).
+  uint64_t split_slots() const { return split_slots_; }
   // Whether a helper thread sweeps.
   bool background() const { return thread_.joinable(); }
 
  private:
+  // One sweep's position and scratch. The main sweeper runs from slot 0 (on the helper, or
+  // the caller's thread without one); in Finish the caller's thread may sweep the last
+  // windows with a second one beside it, writing its output further up (see Finish).
+  struct Sweeper {
+    uint64_t o = 0;                // output items written (next output position)
+    size_t k = 0;                  // next buffered item
+    uint64_t ws = 0;               // next window's first slot
+    size_t waiting = 0;            // by_first_[waiting..]: not yet active
+    std::vector<uint32_t> active;  // refs with staged records left, oldest first
+    std::vector<uint64_t> at;      // per ref: its next staged record
+    std::vector<uint64_t> taken;   // items taken per seq rank, four tables (see SweepTo)
+    std::vector<uint32_t> tags;    // the window: rank << 1 | tomb per slot (0 = no version) ...
+    std::vector<uint8_t> vals;     // ... and the value
+  };
   // The slot below which every window's pages are staged (caller's thread).
   uint64_t ReadyBound();
   // Sweeps the windows that end at or below `bound` (the last may end at the span).
-  void SweepTo(uint64_t bound);
+  void SweepTo(Sweeper* c, uint64_t bound);
   void Helper();
   template <uint32_t kW>
-  void PlaceRef(uint32_t j, uint64_t ws, uint64_t we);
-  void PutBuffered(size_t e);
+  void PlaceRef(Sweeper* c, uint32_t j, uint64_t ws, uint64_t we);
+  void PutBuffered(Sweeper* c, size_t e);
+  // A sweeper's scratch (window, cursors, tables).
+  void InitSweeper(Sweeper* c);
+  // A second sweeper for the windows from slot `from` (a window boundary) up.
+  void StartSweeper(Sweeper* c, uint64_t from);
 
   const DensePlan& plan_;
   const BufferedItems& buf_;
@@ -217,21 +237,14 @@ class DenseSweep {
   std::vector<uint32_t> by_first_;  // refs by first slot
   size_t ready_ = 0;                // by_first_[..ready_): staged
   uint64_t published_ = 0;          // the last bound handed to the helper
-  // The sweeping thread's (the helper's, or the caller's without one).
-  uint64_t o_ = 0;                  // output items written
-  size_t k_ = 0;                    // next buffered item
-  uint64_t ws_ = 0;                 // next window's first slot
-  size_t waiting_ = 0;              // by_first_[waiting_..]: not yet active
-  std::vector<uint32_t> active_;    // refs with staged records left, oldest first
-  std::vector<uint64_t> at_;        // per ref: its next staged record
-  std::vector<uint64_t> taken_;     // items taken per seq rank, four tables (see SweepTo)
-  std::vector<uint32_t> tags_;      // the window: rank << 1 | tomb per slot (0 = no version) ...
-  std::vector<uint8_t> vals_;       // ... and the value
+  uint64_t split_slots_ = 0;
+  Sweeper main_;  // the helper's (the caller's without one)
   // Hand-over to the helper: the bound up to which it may sweep (staging written before it
-  // is published under mu_), or stop.
+  // is published under mu_), whether that bound is its last, or stop.
   Mutex mu_;
   CondVar cv_;
   uint64_t bound_ RF_GUARDED_BY(mu_) = 0;
+  bool last_ RF_GUARDED_BY(mu_) = false;
   bool stop_ RF_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

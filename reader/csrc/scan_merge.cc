@@ -691,8 +691,8 @@ void DenseSweep::SweepTo(Sweeper* c, uint64_t bound) {
       }
     }
     c->active.erase(std::remove_if(c->active.begin(), c->active.end(),
-                                 [&](uint32_t j) { return c->at[j] == plan.base[j] + plan.staged[j]; }),
-                  c->active.end());
+                                   [&](uint32_t j) { return c->at[j] == plan.base[j] + plan.staged[j]; }),
+                    c->active.end());
     // The window into the output, merged with the buffered items. A window whose every key
     // has a current version and no buffered item is one block copy, its items per seq rank
     // counted by runs; elsewhere they are counted in four tables by slot (consecutive slots

@@ -33,7 +33,7 @@ Strategies (rows of the JSON, `config` = "default" for each strategy's default):
                      updated item (counted); "batched-rmw" = one write per dirty page per buffer
                      flush (executed) (benchmarks/baselines/opt.py)
 lsm and opt read through benchmarks/csrc/page_reader.cc (io_uring, O_DIRECT, QD 32, requests
-of <= 256 KiB like the engine's).
+of <= 256 KiB and at most StoreOptions.read_inflight_bytes in flight, like the engine's scans).
 
 Metrics per row: read_time_s (sum over the feature reads of the wall time to deliver the
 feature's valid items, keys ascending), read_throughput_MBps (useful bytes / read time,
@@ -242,7 +242,12 @@ class PageFileRunner(Runner):
         self.s.write_plan(self.wl.reads[idx], self.files_txt, self.plan)
         if self.drop:
             self.dropped = drop_caches()
-        proc = subprocess.run([binary, self.files_txt, self.plan, out], capture_output=True, text=True)
+        # The engine's scans' in-flight budget, so both sides read with the same I/O policy.
+        from recflash.reader import StoreOptions
+
+        budget = StoreOptions().read_inflight_bytes
+        proc = subprocess.run([binary, self.files_txt, self.plan, out, "--inflight-bytes", str(budget)],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"page_reader failed: {proc.stderr[-3000:]}")
         info = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -73,7 +73,11 @@ struct Request {
 
 class Reader {
  public:
-  Reader(unsigned qd) : qd_(qd) {
+  // At most qd requests and (when inflight_bytes > 0) inflight_bytes of them in flight (one
+  // request always may go): the engine's scans keep the same budget (StoreOptions
+  // read_inflight_bytes), since this disk completes a deep queue in one burst and the
+  // delivery work then waits for the last read instead of overlapping the rest.
+  Reader(unsigned qd, uint64_t inflight_bytes) : qd_(qd), inflight_bytes_(inflight_bytes) {
     if (io_uring_queue_init(qd * 2, &ring_, 0) < 0) Die("io_uring_queue_init failed");
   }
   ~Reader() { io_uring_queue_exit(&ring_); }
@@ -84,9 +88,11 @@ class Reader {
   void Run(const std::vector<Request>& reqs, OnDone&& on_done) {
     size_t next = 0, done = 0;
     unsigned inflight = 0;
-    // Queues requests up to qd_ in flight.
+    uint64_t bytes = 0;  // in flight
+    // Queues requests up to qd_ (and the byte budget) in flight.
     auto fill = [&] {
-      while (inflight < qd_ && next < reqs.size()) {
+      while (inflight < qd_ && next < reqs.size() &&
+             (inflight_bytes_ == 0 || inflight == 0 || bytes + reqs[next].len <= inflight_bytes_)) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         if (!sqe) break;
         const Request& r = reqs[next];
@@ -94,6 +100,7 @@ class Reader {
         io_uring_sqe_set_data64(sqe, next);
         next++;
         inflight++;
+        bytes += r.len;
       }
     };
     while (done < reqs.size()) {
@@ -112,6 +119,7 @@ class Reader {
           Die("short read at offset " + std::to_string(r.off) + ": " + std::to_string(cqe->res) + " of " +
               std::to_string(r.len) + " bytes");
         done_.push_back(io_uring_cqe_get_data64(cqe));
+        bytes -= r.len;
         seen++;
       }
       io_uring_cq_advance(&ring_, seen);
@@ -129,6 +137,7 @@ class Reader {
  private:
   io_uring ring_;
   unsigned qd_;
+  uint64_t inflight_bytes_;
   std::vector<uint64_t> done_;
 };
 
@@ -143,13 +152,15 @@ T Get(std::ifstream& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) Die("usage: page_reader FILES.txt PLAN.bin OUT.bin [--qd N] [--max-io BYTES]");
+  if (argc < 4) Die("usage: page_reader FILES.txt PLAN.bin OUT.bin [--qd N] [--max-io BYTES] [--inflight-bytes BYTES]");
   unsigned qd = 32;
   uint64_t max_io = 256 << 10;
+  uint64_t inflight_bytes = 0;
   for (int i = 4; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--qd") qd = std::stoul(argv[i + 1]);
     else if (a == "--max-io") max_io = std::stoull(argv[i + 1]);
+    else if (a == "--inflight-bytes") inflight_bytes = std::stoull(argv[i + 1]);
     else Die("unknown option " + a);
   }
   std::vector<int> fds;
@@ -178,7 +189,7 @@ int main(int argc, char** argv) {
   const uint64_t ipp = page / item;
   const uint32_t vbytes = item - 8;
 
-  Reader reader(qd);
+  Reader reader(qd, inflight_bytes);
   uint8_t* buf = nullptr;
   size_t buf_cap = 0;
   std::vector<uint64_t> out_keys;

@@ -128,7 +128,7 @@ TSAN_ENV     = PYTHONPATH=$(CURDIR)/$(TSAN_SITE) LD_PRELOAD="$$(g++ -print-file-
                TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1 suppressions=$(CURDIR)/tests/tsan.supp"
 ASAN_TESTS  ?= tests/test_store_basic.py tests/test_store_model.py tests/test_recovery.py tests/test_errors.py \
                tests/test_read_only.py tests/test_compact_pages.py tests/test_ndp_sls.py tests/test_fault_injection.py \
-               tests/test_io_ring_errors.py tests/test_read_corruption.py
+               tests/test_io_ring.py tests/test_read_corruption.py
 TSAN_TESTS  ?= tests/test_concurrency.py
 MINUTES     ?= 60
 TRIALS      ?= 1000

@@ -1,0 +1,116 @@
+"""IoRing (reader/csrc/io_ring.h), each case in a child process with a timeout (a stalled
+read loop or a hung ring spins forever):
+
+- it returns with nothing in flight on every error path (io_ring.h's promise), so a ring that
+  goes back to the pool after an error reads correctly on its next use (a ring with a stale
+  request left in its queue used to hang, its in-flight count wrapped, or deliver another
+  call's bytes);
+- ReadRuns keeps at most its byte budget of runs in flight (StoreOptions
+  read_inflight_bytes), still reads a run larger than the budget, and never stalls — also
+  when completions are held back (the reverse completion order keeps completed slots until
+  the ring is idle).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PAGE = 4096
+
+ERRORS_CHILD = textwrap.dedent(
+    r'''
+    import errno, sys
+    from recflash.reader import testing
+    path, scenario = sys.argv[1], sys.argv[2]
+    PAGE = 4096
+    data = open(path, "rb").read()
+    ring = testing.TestRing(4, 2 * PAGE)
+    def expect_error(fn, word):
+        try:
+            fn()
+        except RuntimeError as e:
+            assert word in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+    if scenario == "oversized_run":
+        # run 0 fits, run 1 does not: the call must refuse before queueing anything
+        expect_error(lambda: ring.read_runs(path, PAGE, [(0, 1), (1, 3)]), "larger than a ring slot")
+    elif scenario == "submit_error":
+        testing.arm("ring_submit", nth=1, errno=errno.ENOMEM)
+        expect_error(lambda: ring.read_runs(path, PAGE, [(0, 1), (2, 2), (5, 1)]), "io_uring_submit")
+        testing.disarm()
+    elif scenario == "read_error":
+        testing.arm("page_read", nth=1, errno=errno.EIO)
+        expect_error(lambda: ring.read_runs(path, PAGE, [(i, 1) for i in range(12)]), "Input/output error")
+        testing.disarm()
+    assert not ring.broken
+    runs = [(0, 1), (1, 2), (3, 1), (4, 2), (6, 1), (7, 1)]
+    for _ in range(3):
+        got = ring.read_runs(path, PAGE, runs)
+        for (first, count), b in zip(runs, got):
+            assert b == data[first * PAGE:(first + count) * PAGE], (first, count)
+    print("ok")
+    '''
+)
+
+BUDGET_CHILD = textwrap.dedent(
+    r'''
+    import sys
+    from recflash import _native
+    from recflash.reader import testing
+    path, order = sys.argv[1], sys.argv[2]
+    PAGE = 4096
+    data = open(path, "rb").read()
+    _native._set_io_completion_order(order)
+    ring = testing.TestRing(8, 4 * PAGE)
+    runs = [(0, 1), (2, 3), (6, 1), (8, 4), (13, 2), (16, 1), (18, 1), (20, 3), (24, 4), (29, 1), (31, 1)]
+    for budget_pages in (0, 1, 2, 3, 5, 8, 100):
+        for _ in range(2):
+            got = ring.read_runs(path, PAGE, runs, max_inflight_bytes=budget_pages * PAGE)
+            for (first, count), b in zip(runs, got):
+                assert b == data[first * PAGE:(first + count) * PAGE], (budget_pages, first, count)
+            peak = ring.peak_inflight_bytes // PAGE
+            if budget_pages == 0:
+                # no budget: the ring's depth (8 runs) decides
+                assert peak > 8, (budget_pages, peak)
+            else:
+                # within the budget, or a single run larger than it
+                assert peak <= max(budget_pages, 4), (budget_pages, peak)
+                if budget_pages >= 5:
+                    assert peak > 1, (budget_pages, peak)
+    assert not ring.broken
+    print("ok")
+    '''
+)
+
+
+@pytest.fixture
+def page_file(tmp_path):
+    path = tmp_path / "pages.dat"
+    # every page distinct, so a read delivered into the wrong run is caught
+    path.write_bytes(b"".join(bytes([i]) * PAGE for i in range(32)))
+    return str(path)
+
+
+def run_child(child: str, page_file: str, arg: str, hang: str) -> None:
+    try:
+        r = subprocess.run([sys.executable, "-P", "-c", child, page_file, arg], capture_output=True, text=True,
+                           timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{arg}: {hang}")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("scenario", ["oversized_run", "submit_error", "read_error"])
+def test_ring_reads_correctly_after_an_error(page_file, scenario):
+    run_child(ERRORS_CHILD, page_file, scenario,
+              "the ring hung on its next use (a request of the failed call was left in flight)")
+
+
+@pytest.mark.parametrize("order", ["arrival", "reverse"])
+def test_read_runs_keeps_within_its_inflight_budget(page_file, order):
+    run_child(BUDGET_CHILD, page_file, order, "the read loop stalled under an in-flight byte budget")

@@ -83,7 +83,8 @@ elif kind_ == "power_op":
 
 def opts():
     return StoreOptions(page_size=4096, write_buffer_bytes=rng.choice([32 << 10, 64 << 10, 128 << 10]),
-                        merge_threshold=rng.choice([1.2, 1.5, 2.0]), space_amp_limit=1.5, space_amp_target=1.2)
+                        merge_threshold=rng.choice([1.2, 1.5, 2.0]), space_amp_limit=1.5, space_amp_target=1.2,
+                        free_reserve_buffers=rng.choice([0.0, 2.0]))  # freed slots punched at once, or kept
 
 log(phase="open")
 store = Store.open(path, opts())
@@ -498,7 +499,9 @@ def fault_trial(kind: str, err: int, seed: int, workdir: str) -> dict:
     d = tempfile.mkdtemp(prefix="fault-", dir=workdir)
     path = os.path.join(d, "store")
     where, word, trigger = SITES[kind]
-    opts = StoreOptions(page_size=4096, write_buffer_bytes=64 << 10, space_amp_limit=1.5, space_amp_target=1.2)
+    # free_reserve_buffers=0: a freed slot is punched by the flush that frees it (the punch_hole site's trigger)
+    opts = StoreOptions(page_size=4096, write_buffer_bytes=64 << 10, space_amp_limit=1.5, space_amp_target=1.2,
+                        free_reserve_buffers=0.0)
     model = {}  # acknowledged: key -> value (int64 feature)
     pending = {}  # written since the last durability point: key -> value or None
     out = {"raised": False, "clear": False, "lost": 0, "reached": False, "message": None}

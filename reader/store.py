@@ -68,6 +68,11 @@ class StoreOptions:
     #: reads): enough to keep the device streaming, so that decoding overlaps the reads
     #: instead of waiting for a deep queue that completes in one burst.
     read_inflight_bytes: int = 768 << 10
+    #: Freed page slots kept allocated in the page file for the next flushes to overwrite,
+    #: in write buffers (beyond it they are returned to the filesystem; close() returns all).
+    #: Refilling punched holes costs a fresh allocation each flush and, on discarding or
+    #: thinly provisioned disks, a slower first read. 0: punch every freed slot at once.
+    free_reserve_buffers: float = 2.0
     #: Verify block-granular embedding-row reads (vector-grained SLS) against crc32c sums of
     #: their 512 B blocks, taken from checksum-verified whole-page reads (4 B of DRAM per
     #: block; a packed page without sums is read whole once). False: such reads are unverified.

@@ -151,20 +151,28 @@ def test_fallocate_ahead_falls_back_to_what_is_needed(store_path):
     _check(store_path, mi, mb)
 
 
-def test_punch_hole_failure_is_counted_not_fatal(store_path):
+@pytest.mark.parametrize("reserve", [0.0, None], ids=["punched-at-flush", "punched-at-close"])
+def test_punch_hole_failure_is_counted_not_fatal(store_path, reserve):
     s, mi, mb = _populate(store_path)
     s.flush()
+    if reserve is not None:  # freed slots punched by the flush that frees them
+        s.close()
+        s = Store.open(store_path, _opts(free_reserve_buffers=reserve))
     testing.arm("punch_hole", nth=1, errno=errno.EIO, sticky=True)
-    # Overwrite everything twice: the old pages are freed and punched.
+    # Overwrite everything twice: the old pages are freed (and punched, or kept for reuse).
     for r in (1, 2):
         keys = np.arange(N, dtype=np.uint64)
         s.put("i", keys, (keys * 3 + r).astype(np.int64))
         s.flush()
         mi = {int(k): int(k) * 3 + r for k in keys}
-    assert testing.calls("punch_hole") >= 1
-    assert s.stats()["punch_failures"] >= 1
-    testing.disarm()
+    if reserve is not None:
+        assert testing.calls("punch_hole") >= 1
+        assert s.stats()["punch_failures"] >= 1
+    else:  # the default reserve keeps the freed slots; close() punches them, and fails to
+        assert s.stats()["kept_free_slots"] > 0
     s.close()
+    assert testing.calls("punch_hole") >= 1
+    testing.disarm()
     _check(store_path, mi, mb)
 
 

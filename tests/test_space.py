@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from recflash.cli import app
-from recflash.reader import Store, StoreOptions
+from recflash.reader import InvalidArgumentError, Store, StoreOptions
 
 # 300,000 synthetic Criteo rows (seed 11) import into exactly this many 16 KiB pages. A change
 # of the page format or the importer's layout moves it: update it together with the
@@ -70,3 +71,50 @@ def test_flush_and_close_give_back_the_tail(tmp_path):
         s.put("x", keys[-10:], np.full(10, 7.0, np.float32))
         s.flush()
         assert s.get("x", keys[-10:]).to_pylist() == [7.0] * 10
+
+
+def test_freed_slots_kept_for_reuse_up_to_the_reserve_and_returned_at_close(tmp_path):
+    """Slots that merges free stay allocated (up to free_reserve_buffers write buffers) so the
+    next flushes overwrite them in place instead of refilling punched holes; the rest are
+    punched at once, and close() punches all of them."""
+    path = str(tmp_path / "s")
+    buf = 1 << 20
+    keys = np.arange(300_000, dtype=np.uint64)
+    rng = np.random.default_rng(5)
+    for reserve in (2.0, 0.0):
+        o = StoreOptions(page_size=16384, write_buffer_bytes=buf, free_reserve_buffers=reserve)
+        p = f"{path}-{reserve}"
+        with Store.open(p, o) as s:
+            s.create_feature("x", "float32")
+            s.put("x", keys, np.zeros(len(keys), np.float32))
+            s.flush()
+            expected = np.zeros(len(keys), np.float32)
+            for r in range(6):  # uniform overwrites: merges gather and free pages
+                k = np.unique(rng.integers(0, len(keys), 120_000)).astype(np.uint64)
+                expected[k] = r + 1
+                s.put("x", k, np.full(len(k), r + 1, np.float32))
+            s.flush()
+            st = s.stats()
+            ps, used, kept = st["page_size"], st["pages_in_use"], st["kept_free_slots"]
+            assert st["merger"]["pages_released"] > 0, "the updates freed no page: nothing exercised"
+            if reserve:
+                assert 0 < kept <= reserve * buf / ps
+            else:
+                assert kept == 0
+            alloc = _allocated(p)
+            assert (used + kept) * ps - FS_SLACK <= alloc <= (used + kept) * ps + FS_SLACK, \
+                f"pages.dat allocates {alloc:,} B; in use {used} + kept {kept} slots of {ps} B"
+            got = s.scan("x")
+            assert np.array_equal(got.column(1).to_numpy(), expected)  # kept slots were overwritten correctly
+        used_at_close = used
+        with Store.open(p, o) as s:
+            st = s.stats()
+            assert st["kept_free_slots"] == 0 and st["pages_in_use"] == used_at_close
+            assert _allocated(p) <= used_at_close * st["page_size"] + FS_SLACK, "close() did not return the kept slots"
+            assert np.array_equal(s.scan("x").column(1).to_numpy(), expected)
+
+
+def test_free_reserve_option_is_checked(tmp_path):
+    for bad in (-1.0, float("nan"), 2000.0):
+        with pytest.raises(InvalidArgumentError, match="free_reserve_buffers"):
+            Store.open(str(tmp_path / "s"), StoreOptions(free_reserve_buffers=bad))

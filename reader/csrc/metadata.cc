@@ -52,6 +52,7 @@ void LogicalPageTable::MarkLive(uint32_t pid, uint64_t seq, std::vector<SegMeta>
   p.seq = seq;
   p.segs = std::move(segs);
   free_.erase(pid);
+  kept_.erase(pid);
 }
 
 void LogicalPageTable::MarkDead(uint32_t pid) {
@@ -65,28 +66,36 @@ void LogicalPageTable::MarkDead(uint32_t pid) {
 std::vector<uint32_t> LogicalPageTable::Allocate(uint32_t n) {
   std::vector<uint32_t> out;
   if (n == 0) return out;
-  // First contiguous free run long enough.
-  uint32_t run_start = 0, run_len = 0;
-  for (uint32_t pid : free_) {
-    if (run_len && pid == run_start + run_len) {
-      run_len++;
-    } else {
-      run_start = pid;
-      run_len = 1;
+  auto take = [&](uint32_t pid) {
+    out.push_back(pid);
+    free_.erase(pid);
+    kept_.erase(pid);
+  };
+  // First contiguous run long enough, of kept slots, else of any free slots. Kept first: a
+  // punched slot written again costs the filesystem a fresh allocation, and on thinly
+  // provisioned or discarding devices its first read (a virtualised disk measured here read
+  // 16 KiB holes punched and rewritten at 0.4 x the speed of slots overwritten in place).
+  auto first_run = [n](const std::set<uint32_t>& slots, uint32_t* start) {
+    uint32_t run_start = 0, run_len = 0;
+    for (uint32_t pid : slots) {
+      if (run_len && pid == run_start + run_len) {
+        run_len++;
+      } else {
+        run_start = pid;
+        run_len = 1;
+      }
+      if (run_len == n) break;
     }
-    if (run_len == n) break;
-  }
-  if (run_len == n) {
-    for (uint32_t i = 0; i < n; i++) {
-      out.push_back(run_start + i);
-      free_.erase(run_start + i);
-    }
+    *start = run_start;
+    return run_len == n;
+  };
+  uint32_t start;
+  if (first_run(kept_, &start) || first_run(free_, &start)) {
+    for (uint32_t i = 0; i < n; i++) take(start + i);
   } else if (n <= 2 && !free_.empty()) {
     // Small writes fill holes.
-    while (out.size() < n && !free_.empty()) {
-      out.push_back(*free_.begin());
-      free_.erase(free_.begin());
-    }
+    while (out.size() < n && !kept_.empty()) take(*kept_.begin());
+    while (out.size() < n && !free_.empty()) take(*free_.begin());
   }
   // Otherwise append at the end of the file, contiguously.
   uint32_t next = static_cast<uint32_t>(pages_.size());
@@ -97,13 +106,26 @@ std::vector<uint32_t> LogicalPageTable::Allocate(uint32_t n) {
 
 uint32_t LogicalPageTable::TrimFreeTail() {
   // pop_back never reallocates: references to the slots that stay remain valid.
-  while (!pages_.empty() && !pages_.back().live && free_.erase(static_cast<uint32_t>(pages_.size() - 1)))
+  while (!pages_.empty() && !pages_.back().live && free_.erase(static_cast<uint32_t>(pages_.size() - 1))) {
+    kept_.erase(static_cast<uint32_t>(pages_.size() - 1));
     pages_.pop_back();
+  }
   return slots();
 }
 
+std::vector<uint32_t> LogicalPageTable::ReturnKeptBeyond(size_t max_kept) {
+  std::vector<uint32_t> out;
+  while (kept_.size() > max_kept) {
+    auto last = std::prev(kept_.end());
+    out.push_back(*last);
+    kept_.erase(last);
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
 size_t LogicalPageTable::MemoryBytes() const {
-  size_t b = pages_.capacity() * sizeof(PageMeta) + free_.size() * 40;
+  size_t b = pages_.capacity() * sizeof(PageMeta) + (free_.size() + kept_.size()) * 40;
   for (const auto& p : pages_) b += p.segs.capacity() * sizeof(SegMeta);
   return b;
 }

@@ -81,10 +81,21 @@ class LogicalPageTable {
   }
   void MarkLive(uint32_t pid, uint64_t seq, std::vector<SegMeta> segs);
   void MarkDead(uint32_t pid);  // the slot stays unallocatable until AddFree
-  void AddFree(uint32_t pid) { free_.insert(pid); }
-  // Allocates n slots, preferring one contiguous run so a feature's pages read sequentially.
+  // A free slot is either kept (its bytes still allocated in the page file, for the next
+  // flushes to overwrite) or returned to the filesystem (hole punched, or never known to be
+  // allocated, e.g. at open).
+  void AddFree(uint32_t pid, bool kept = false) {
+    free_.insert(pid);
+    if (kept) kept_.insert(pid);
+  }
+  // Allocates n slots, preferring one contiguous run so a feature's pages read sequentially,
+  // and kept slots over returned ones.
   std::vector<uint32_t> Allocate(uint32_t n);
   size_t free_slots() const { return free_.size(); }
+  size_t kept_slots() const { return kept_.size(); }
+  // Marks the kept slots beyond the `max_kept` lowest as returned and lists them ascending
+  // (the caller punches them). The highest go: Allocate takes the lowest runs first.
+  std::vector<uint32_t> ReturnKeptBeyond(size_t max_kept);
   // Drops the free slots at the end of the table (the file's tail past its last page in use,
   // e.g. space allocated ahead and never written) and returns the slot count left.
   uint32_t TrimFreeTail();
@@ -93,6 +104,7 @@ class LogicalPageTable {
  private:
   std::vector<PageMeta> pages_;
   std::set<uint32_t> free_;
+  std::set<uint32_t> kept_;  // the free slots whose bytes are still allocated (a subset of free_)
   uint64_t live_ = 0;
 };
 

@@ -167,7 +167,10 @@ Status StoreImpl::Close() {
   } else {
     MutexLock wl(&write_mu_);
     if (bg_error_.ok()) s = FlushLocked(true);
-    if (s.ok()) TrimFileLocked();
+    if (s.ok()) {
+      TrimFileLocked();
+      ReturnFreeSlotsLocked(0);  // a closed store allocates only its pages in use
+    }
     Status s2 = wal_.Sync();
     if (s.ok()) s = s2;
     // After a write error the tables in DRAM may be ahead of the committed metadata: no

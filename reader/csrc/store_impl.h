@@ -178,7 +178,11 @@ class StoreImpl final : public Store {
       RF_REQUIRES(write_mu_);
   Status CommitLocked(const std::set<uint32_t>& dirty, const std::set<uint32_t>& freed) RF_REQUIRES(write_mu_);
   // Pages no reader can still see become free slots (punched). Takes mu_ (VersionSet).
+  // Frees the slots no reader needs any more, keeping up to free_reserve_buffers of them
+  // allocated for the next flushes and punching the rest.
   void ReleasePendingLocked() RF_REQUIRES(write_mu_);
+  // Punches the kept free slots beyond the lowest max_kept (0 at close: all of them).
+  void ReturnFreeSlotsLocked(size_t max_kept) RF_REQUIRES(write_mu_);
   // Gives back the page file's free tail (space allocated ahead for writes that are done),
   // at the end of an explicit flush and at close. Best effort, like hole punching.
   void TrimFileLocked() RF_REQUIRES(write_mu_);

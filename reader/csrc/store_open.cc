@@ -62,6 +62,9 @@ Status StoreImpl::OpenImpl(const std::string& path) {
                                    " must be at least 4 pages (" + std::to_string(4ull * ps) + ")");
   if (o_.queue_depth < 1 || o_.queue_depth > 4096) return Status::InvalidArgument("queue_depth must be in [1, 4096]");
   if (o_.build_threads < 1 || o_.build_threads > 64) return Status::InvalidArgument("build_threads must be in [1, 64]");
+  if (!(o_.free_reserve_buffers >= 0 && o_.free_reserve_buffers <= 1024))  // also rejects NaN
+    return Status::InvalidArgument("free_reserve_buffers " + std::to_string(o_.free_reserve_buffers) +
+                                   " must be in [0, 1024] write buffers");
   path_ = path;
   std::error_code ec;
   const fs::path root(path);

@@ -107,6 +107,7 @@ std::string StoreImpl::StatsJson() {
   j.KV("file_bytes", static_cast<double>(file_bytes));
   j.KV("file_slots", static_cast<double>(std::max<uint64_t>(slots, pages_.slots())));
   j.KV("free_slots", static_cast<double>(pages_.free_slots()));
+  j.KV("kept_free_slots", static_cast<double>(pages_.kept_slots()));
   j.KV("live_items", static_cast<double>(live_items));
   j.KV("live_item_bytes", static_cast<double>(live_bytes));
   j.KV("tombstones", static_cast<double>(tombs));

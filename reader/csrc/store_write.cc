@@ -573,11 +573,16 @@ void StoreImpl::TrimFileLocked() {
 }
 
 void StoreImpl::ReleasePendingLocked() {
-  for (const PageRun& r : CoalescePages(versions_.TakeReleasable(), UINT32_MAX)) {
+  for (uint32_t p : versions_.TakeReleasable()) pages_.AddFree(p, /*kept=*/true);
+  const double reserve = o_.free_reserve_buffers * static_cast<double>(o_.write_buffer_bytes) / o_.page_size;
+  ReturnFreeSlotsLocked(reserve > 0 ? static_cast<size_t>(reserve) : 0);
+}
+
+void StoreImpl::ReturnFreeSlotsLocked(size_t max_kept) {
+  for (const PageRun& r : CoalescePages(pages_.ReturnKeptBeyond(max_kept), UINT32_MAX)) {
     // Best effort: the slot is reusable either way (a failure only keeps its old bytes
     // allocated), so it is counted in stats rather than failing the flush.
     if (!o_.accounting && !file_.Punch(r.first, r.count).ok()) punch_failures_++;
-    for (uint32_t i = 0; i < r.count; i++) pages_.AddFree(r.first + i);
   }
 }
 

@@ -144,6 +144,63 @@ void PlaceDirect(const SegmentView& sv, uint64_t lo, uint64_t hi, bool to_end, S
               static_cast<size_t>(z - a) * sv.width);
 }
 
+// Decides each feature's placement over the keys [lo, hi_incl] (index, direct, dense or the
+// chunk merges) and starts the dense placements' sweeps. Helper threads (the sweep, the
+// faulting-in of fresh buffers) go to the largest dense placement only, where the sweep is
+// worth a thread: one scan_many of a Ray read task may place dozens of features, and a thread
+// each would oversubscribe the cores.
+void PlanPlacements(uint64_t lo, uint64_t hi_incl, std::vector<ScanFeature>* features, std::vector<ColumnData>* out) {
+  std::vector<ScanFeature>& fs = *features;
+  const size_t nf = fs.size();
+  for (size_t i = 0; i < nf; i++) {
+    ScanFeature& f = fs[i];
+    if (f.indexed && f.def.fixed_width() > 0) {
+      f.placed = true;
+      continue;
+    }
+    PlanDirect(&f, &(*out)[i]);
+    if (f.direct || f.refs.empty() || f.def.fixed_width() == 0) continue;
+    f.dense_placed = PlanDensePlacement(f.refs, lo, hi_incl, f.def.fixed_width(), &f.dplan);
+  }
+  constexpr uint64_t kBackgroundSweepSlots = 64u << 10;
+  size_t helped = nf;
+  for (size_t i = 0; i < nf; i++)
+    if (fs[i].dense_placed && fs[i].dplan.span >= kBackgroundSweepSlots &&
+        (helped == nf || fs[i].dplan.span > fs[helped].dplan.span))
+      helped = i;
+  for (size_t i = 0; i < nf; i++) {
+    ScanFeature& f = fs[i];
+    if (!f.dense_placed) continue;
+    ColumnData& col = (*out)[i];
+    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, i == helped);
+    if (i == helped)
+      f.populate.Start({{f.dplan.recs.data(), f.dplan.recs.size()},
+                        {col.keys.data(), col.keys.size() * 8},
+                        {col.values.data(), col.values.size()}});
+  }
+}
+
+// Reorders a dense placement's reads (runs of adjacent pages of `pids`, ascending, as
+// ReadPages coalesces them) by the lowest key they hold, so that the sweep writes windows of
+// the output while reads are in flight (in page order, the first window's pages may come
+// last). Runs, not pages: a feature's pages lie in runs written together, and one read per
+// page took twice as long. `users` maps a page to its (feature, ref) pairs.
+void OrderRunsByLowestKey(const ScanFeature& f,
+                          const std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>>& users,
+                          uint32_t per_read, std::vector<uint32_t>* pids) {
+  auto first_of = [&](uint32_t page) { return f.dplan.first[users.at(page).front().second]; };
+  const std::vector<PageRun> runs = CoalescePages(*pids, per_read);
+  std::vector<uint64_t> low(runs.size(), UINT64_MAX);
+  for (size_t r = 0; r < runs.size(); r++)
+    for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) low[r] = std::min(low[r], first_of(p));
+  std::vector<uint32_t> by_low(runs.size());
+  for (uint32_t r = 0; r < runs.size(); r++) by_low[r] = r;
+  std::stable_sort(by_low.begin(), by_low.end(), [&](uint32_t a, uint32_t b) { return low[a] < low[b]; });
+  pids->clear();
+  for (uint32_t r : by_low)
+    for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) pids->push_back(p);
+}
+
 }  // namespace
 
 Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi,
@@ -239,54 +296,10 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       fs[i].refs.push_back(r);
     }
   }
-  for (size_t i = 0; i < nf; i++) {
-    ScanFeature& f = fs[i];
-    if (f.indexed && f.def.fixed_width() > 0) {
-      f.placed = true;
-      continue;
-    }
-    PlanDirect(&f, &(*out)[i]);
-    if (f.direct || f.refs.empty() || f.def.fixed_width() == 0) continue;
-    f.dense_placed = PlanDensePlacement(f.refs, lo, to_end ? UINT64_MAX : hi - 1, f.def.fixed_width(), &f.dplan);
-  }
-  // Helper threads (the sweep, the faulting-in of fresh buffers) for the largest dense
-  // placement only, where the sweep is worth a thread: one scan_many of a Ray read task may
-  // place dozens of features, and a thread each would oversubscribe the cores.
-  constexpr uint64_t kBackgroundSweepSlots = 64u << 10;
-  size_t helped = nf;
-  for (size_t i = 0; i < nf; i++)
-    if (fs[i].dense_placed && fs[i].dplan.span >= kBackgroundSweepSlots &&
-        (helped == nf || fs[i].dplan.span > fs[helped].dplan.span))
-      helped = i;
-  for (size_t i = 0; i < nf; i++) {
-    ScanFeature& f = fs[i];
-    if (!f.dense_placed) continue;
-    ColumnData& col = (*out)[i];
-    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, i == helped);
-    if (i == helped)
-      f.populate.Start({{f.dplan.recs.data(), f.dplan.recs.size()},
-                        {col.keys.data(), col.keys.size() * 8},
-                        {col.values.data(), col.values.size()}});
-  }
+  PlanPlacements(lo, to_end ? UINT64_MAX : hi - 1, &fs, out);
   std::sort(pids.begin(), pids.end());
-  if (nf == 1 && fs[0].dense_placed) {
-    // The reads (runs of adjacent pages, as ReadPages coalesces them) in the order of the
-    // lowest key they hold, so that the sweep writes windows of the output while reads are in
-    // flight (in page order, the first window's pages may come last). Runs, not pages: a
-    // feature's pages lie in runs written together, and one read per page took twice as long.
-    auto first_of = [&](uint32_t page) { return fs[0].dplan.first[users[page].front().second]; };
-    const uint32_t per_read = std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size);
-    std::vector<PageRun> runs = CoalescePages(pids, per_read);
-    std::vector<uint64_t> low(runs.size(), UINT64_MAX);
-    for (size_t r = 0; r < runs.size(); r++)
-      for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) low[r] = std::min(low[r], first_of(p));
-    std::vector<uint32_t> by_low(runs.size());
-    for (uint32_t r = 0; r < runs.size(); r++) by_low[r] = r;
-    std::stable_sort(by_low.begin(), by_low.end(), [&](uint32_t a, uint32_t b) { return low[a] < low[b]; });
-    pids.clear();
-    for (uint32_t r : by_low)
-      for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) pids.push_back(p);
-  }
+  if (nf == 1 && fs[0].dense_placed)
+    OrderRunsByLowestKey(fs[0], users, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size), &pids);
   std::vector<uint64_t> scratch;  // a page's decoded keys (index and dense placement)
   auto plan = [&](size_t i) {
     ScanFeature& f = fs[i];

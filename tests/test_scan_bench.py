@@ -29,6 +29,11 @@ def test_scan_benchmark_quick(tmp_path):
     # a compacted feature reads (almost) nothing but its own bytes
     assert m["read_amplification_encoded"] < 1.15
     assert res["errors"] == []
+    # the second read of pass 1 reads the same features and bytes (information for the device's first-read gap)
+    again, first = res["all_features_second_read"], res["all_features"]
+    assert (again["features"], again["useful_bytes"], again["bytes_read"]) == \
+        (first["features"], first["useful_bytes"], first["bytes_read"])
+    assert again["useful_MBps"] > 0
     t = doc["targets"]
     assert "merged_scan_ratio_to_device_seq" in t and "merged_read_amplification" in t
     assert t["contents_correct"]["passed"]

@@ -498,24 +498,28 @@ def main(argv=None) -> int:
         order = np.argsort(sizes, kind="stable")
         per = []
         errors = []
+
+        def timed_scan(st_, f):
+            """Scans feature f on store st_: the table and its record (wall time, read statistics)."""
+            w0 = time.perf_counter()
+            table = st_.scan(names[f])
+            wall = time.perf_counter() - w0
+            rs = st_.last_read_stats()
+            return table, dict(
+                feature=names[f], items=int(sizes[f]), rows=int(table.num_rows),
+                pages_read=int(rs.get("pages_read", 0)), bytes_read=int(rs.get("bytes_read", 0)),
+                useful_bytes=int(rs.get("useful_bytes", 0)), encoded_bytes=float(rs.get("encoded_bytes", 0.0)),
+                engine_seconds=float(rs.get("seconds", 0.0)), wall_seconds=wall,
+                engine_read_amplification=rs.get("read_amplification"))
+
         t0 = time.perf_counter()
         with progress() as prog:
             task = prog.add_task("scan pass 1 (features)", total=F)
             for f in order:
                 f = int(f)
                 name = names[f]
-                w0 = time.perf_counter()
-                table = store.scan(name)
-                wall = time.perf_counter() - w0
-                st = dict(store.last_read_stats())
-                rec = dict(
-                    feature=name, items=int(sizes[f]), rows=int(table.num_rows),
-                    logical_bytes=int(sizes[f]) * item_bytes,
-                    pages_read=int(st.get("pages_read", 0)), bytes_read=int(st.get("bytes_read", 0)),
-                    useful_bytes=int(st.get("useful_bytes", 0)), engine_seconds=float(st.get("seconds", 0.0)),
-                    encoded_bytes=float(st.get("encoded_bytes", 0.0)),
-                    wall_seconds=wall, engine_read_amplification=st.get("read_amplification"),
-                )
+                table, rec = timed_scan(store, f)
+                rec["logical_bytes"] = int(sizes[f]) * item_bytes
                 if table.num_rows != sizes[f]:
                     errors.append(f"{name}: scan returned {table.num_rows} rows, expected {sizes[f]}")
                 if expected is not None and table.num_rows == sizes[f]:
@@ -549,15 +553,8 @@ def main(argv=None) -> int:
         per_again = []
         t0 = time.perf_counter()
         for f in order:
-            w0 = time.perf_counter()
-            table = store.scan(names[int(f)])
-            wall = time.perf_counter() - w0
-            st = store.last_read_stats()
-            per_again.append(dict(feature=names[int(f)], items=int(sizes[int(f)]), wall_seconds=wall,
-                                  pages_read=int(st.get("pages_read", 0)), bytes_read=int(st.get("bytes_read", 0)),
-                                  useful_bytes=int(st.get("useful_bytes", 0)),
-                                  engine_seconds=float(st.get("seconds", 0.0)),
-                                  encoded_bytes=float(st.get("encoded_bytes", 0.0))))
+            table, rec = timed_scan(store, int(f))
+            per_again.append(rec)
             if table.num_rows != sizes[int(f)]:
                 errors.append(f"{names[int(f)]} (second read): {table.num_rows} rows, expected {sizes[int(f)]}")
             del table
@@ -576,14 +573,8 @@ def main(argv=None) -> int:
             try:
                 barrier.wait()
                 for f in lists[ti]:
-                    w0 = time.perf_counter()
-                    tb = store.scan(names[f])
-                    wall = time.perf_counter() - w0
-                    st = dict(store.last_read_stats())
-                    par_stats[ti].append(dict(feature=names[f], rows=tb.num_rows, wall_seconds=wall,
-                                              bytes_read=int(st.get("bytes_read", 0)),
-                                              useful_bytes=int(st.get("useful_bytes", 0)),
-                                              engine_seconds=float(st.get("seconds", 0.0))))
+                    tb, rec = timed_scan(store, f)
+                    par_stats[ti].append(rec)
                     if tb.num_rows != sizes[f]:
                         par_err.append(f"{names[f]} (thread {ti}): {tb.num_rows} rows, expected {sizes[f]}")
                     del tb
@@ -622,15 +613,8 @@ def main(argv=None) -> int:
         with progress() as prog:
             task = prog.add_task("scan pass 3 (compacted features)", total=len(big))
             for f in big:
-                w0 = time.perf_counter()
-                tb = store.scan(names[f])
-                wall = time.perf_counter() - w0
-                st = dict(store.last_read_stats())
-                per3.append(dict(feature=names[f], items=int(sizes[f]), rows=int(tb.num_rows),
-                                 pages_read=int(st.get("pages_read", 0)), bytes_read=int(st.get("bytes_read", 0)),
-                                 useful_bytes=int(st.get("useful_bytes", 0)),
-                                 encoded_bytes=float(st.get("encoded_bytes", 0.0)),
-                                 engine_seconds=float(st.get("seconds", 0.0)), wall_seconds=wall))
+                tb, rec = timed_scan(store, f)
+                per3.append(rec)
                 if tb.num_rows != sizes[f]:
                     errors.append(f"{names[f]} after compact(): {tb.num_rows} rows, expected {sizes[f]}")
                 elif expected is not None:

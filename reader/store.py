@@ -68,6 +68,11 @@ class StoreOptions:
     #: reads): enough to keep the device streaming, so that decoding overlaps the reads
     #: instead of waiting for a deep queue that completes in one burst.
     read_inflight_bytes: int = 768 << 10
+    #: Threads that read and place the pages of one large fragmented feature's scan (one
+    #: resolved through the key index after updates): the scan's thread plus helpers, each
+    #: reading and placing its share of the pages. 1: the scan's thread only (many concurrent
+    #: readers, e.g. Ray read tasks, already use the cores).
+    scan_threads: int = 2
     #: Freed page slots kept allocated in the page file for the next flushes to overwrite,
     #: in write buffers (beyond it they are returned to the filesystem; close() returns all).
     #: Refilling punched holes costs a fresh allocation each flush and, on discarding or

@@ -44,11 +44,11 @@ void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, std::vector<uint64_t>* keys, 
     z = hi == UINT64_MAX ? keys_.size() : std::lower_bound(keys_.begin(), keys_.end(), hi) - keys_.begin();
   }
   if (z < a) z = a;
-  keys->resize(z - a);
   if (dense_) {
+    keys->resize(z - a);
     for (size_t i = a; i < z; i++) (*keys)[i - a] = base_ + i;
-  } else if (z > a) {
-    std::memcpy(keys->data(), keys_.data() + a, (z - a) * sizeof(uint64_t));
+  } else {
+    keys->assign(keys_.begin() + a, keys_.begin() + z);  // (resize first zero-filled what the copy overwrote)
   }
   locs->assign(locs_.begin() + a, locs_.begin() + z);
 }

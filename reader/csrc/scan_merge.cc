@@ -303,72 +303,154 @@ MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint
   return kind;
 }
 
-bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il,
-                        const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
-                        IndexPlan* plan) {
-  const size_t n = ik.size(), nb = b.size();
-  const PageMap ref_of = RefOfPage(refs, n);
-  // Each ref's slots get room for its valid records (an index entry names a valid record of
-  // its segment, so they cannot overflow unless index and pages disagree); one pass then
-  // writes the output keys, the buffered values and every page's slots.
-  const size_t nr = refs.size();
-  plan->first.assign(nr + 1, 0);
-  for (size_t j = 0; j < nr; j++) plan->first[j + 1] = plan->first[j] + refs[j].valid;
-  plan->slots.resize(plan->first.back());
-  std::vector<uint32_t> fill(plan->first.begin(), plan->first.end() - 1);
-  col->keys.resize(n + nb);
-  col->values.resize((n + nb) * static_cast<size_t>(w));
-  uint64_t* const kp = col->keys.data();
-  uint8_t* const vp = col->values.data();
-  IndexPlan::Slot* const slots = plan->slots.data();
-  const uint32_t* const first = plan->first.data();
-  const uint64_t* const ikp = ik.data();
-  const uint32_t* const ilp = il.data();
-  uint64_t o = 0;
-  size_t k = 0, e = 0;
-  // The current ref: its next slot and the end of its room, kept in locals while consecutive
-  // entries name its page (they mostly do) and written back on a change.
-  uint32_t last_page = UINT32_MAX;
-  int32_t last_ref = -1;
-  uint32_t f = 0, f_end = 0;
-  while (k < nb || e < n) {
+IndexPlanner::IndexPlanner(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il,
+                           const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
+                           IndexPlan* plan, unsigned parts)
+    : ik_(ik), il_(il), refs_(refs), buf_(b), w_(w), col_(col), plan_(plan), rid_(ik.size()) {
+  const size_t n = ik.size();
+  if (b.size() > 0 || parts == 0) parts = 1;
+  for (unsigned p = 0; p <= parts; p++) bound_.push_back(n * p / parts);
+  cnt_.assign(parts, std::vector<uint32_t>(refs.size() + 1, 0));
+  fill_.resize(parts);
+  out_.assign(parts, 0);
+}
+
+bool IndexPlanner::Refs(unsigned p) {
+  // Consecutive entries of a fragmented feature mostly name different pages, so this pass
+  // has no branch on that: deciding per entry whether the page changed was a mispredicted
+  // branch for half of them.
+  const PageMap ref_of = RefOfPage(refs_, ik_.size());
+  const uint32_t nr = static_cast<uint32_t>(refs_.size());
+  const uint32_t* const ilp = il_.data();
+  uint32_t* const rp = rid_.data();
+  uint32_t* const cnt = cnt_[p].data();
+  for (size_t e = bound_[p]; e < bound_[p + 1]; e++) {
+    const uint32_t loc = ilp[e];
+    uint32_t r = nr;
+    if (!(loc & KeyIndex::kTomb)) [[likely]] {
+      const int32_t x = ref_of.Find(loc);
+      if (x < 0) [[unlikely]] return false;
+      r = static_cast<uint32_t>(x);
+    }
+    rp[e] = r;
+    cnt[r]++;
+  }
+  return true;
+}
+
+bool IndexPlanner::Size() {
+  const size_t nr = refs_.size(), np = cnt_.size();
+  // An index entry names a valid record of its segment, so a ref holds at most its valid
+  // records unless index and pages disagree.
+  plan_->first.assign(nr + 1, 0);
+  for (size_t j = 0; j < nr; j++) {
+    uint64_t c = 0;
+    for (size_t p = 0; p < np; p++) c += cnt_[p][j];
+    if (c > refs_[j].valid) return false;
+    plan_->first[j + 1] = plan_->first[j] + static_cast<uint32_t>(c);
+  }
+  // Part p's slots of ref j follow those of the parts before it.
+  for (size_t p = 0; p < np; p++) {
+    fill_[p].resize(nr + 1);
+    for (size_t j = 0; j < nr; j++) fill_[p][j] = p == 0 ? plan_->first[j] : fill_[p - 1][j] + cnt_[p - 1][j];
+    fill_[p][nr] = 0;  // tombstones: counted, never stored
+    if (p > 0) out_[p] = out_[p - 1] + (bound_[p] - bound_[p - 1]) - cnt_[p - 1][nr];
+  }
+  plan_->slots.resize(plan_->first.back());
+  const size_t cap = ik_.size() + buf_.size();
+  col_->keys.resize(cap);
+  col_->values.resize(cap * static_cast<size_t>(w_));
+  return true;
+}
+
+void IndexPlanner::Slots(unsigned p) {
+  const size_t nb = buf_.size(), nr = refs_.size(), end = bound_[p + 1];
+  uint64_t* const kp = col_->keys.data();
+  uint8_t* const vp = col_->values.data();
+  IndexPlan::Slot* const slots = plan_->slots.data();
+  uint32_t* const fp = fill_[p].data();
+  const uint32_t* const rp = rid_.data();
+  const uint64_t* const ikp = ik_.data();
+  uint64_t o = out_[p];
+  size_t k = 0, e = bound_[p];
+  while (k < nb || e < end) {
     // Entries below the next buffered key (all of them when nothing is buffered, the usual
     // case) take the tight loop.
     const size_t e_stop =
-        k < nb ? static_cast<size_t>(std::lower_bound(ik.begin() + e, ik.end(), b.keys[k]) - ik.begin()) : n;
+        k < nb ? static_cast<size_t>(std::lower_bound(ik_.begin() + e, ik_.begin() + end, buf_.keys[k]) - ik_.begin())
+               : end;
     for (; e < e_stop; e++) {
-      const uint32_t loc = ilp[e];
+      const uint32_t r = rp[e];
+      if (r == nr) [[unlikely]] continue;  // a tombstone
       const uint64_t key = ikp[e];
-      if (loc != last_page) [[unlikely]] {
-        if (loc & KeyIndex::kTomb) continue;  // (last_page never carries the tomb bit)
-        if (last_ref >= 0) fill[last_ref] = f;
-        last_page = loc;
-        last_ref = ref_of.Find(loc);
-        if (last_ref < 0) return false;
-        f = fill[last_ref];
-        f_end = first[last_ref + 1];
-      }
-      if (f == f_end) [[unlikely]] return false;  // more entries than the segment's valid records
-      slots[f] = {key, o};
-      f++;
+      slots[fp[r]++] = {key, o};
       kp[o++] = key;
     }
-    if (k == nb) break;  // e == n
-    if (e < n && ik[e] == b.keys[k]) e++;  // the buffered write is newer
-    if (!b.tomb[k]) {
-      kp[o] = b.keys[k];
-      std::memcpy(vp + static_cast<size_t>(o) * w, b.value(k), w);
+    if (k == nb) break;  // e == end
+    if (e < end && ik_[e] == buf_.keys[k]) e++;  // the buffered write is newer
+    if (!buf_.tomb[k]) {
+      kp[o] = buf_.keys[k];
+      std::memcpy(vp + static_cast<size_t>(o) * w_, buf_.value(k), w_);
       o++;
     }
     k++;
   }
-  if (last_ref >= 0) fill[last_ref] = f;
+  if (p + 1 == cnt_.size()) o_ = o;
+}
+
+void IndexPlanner::Finish() {
+  const size_t nr = refs_.size();
+  std::vector<uint32_t>& last = fill_.back();  // where each ref's slots end
+  last.pop_back();
   uint64_t from_disk = 0;
-  for (size_t j = 0; j < nr; j++) from_disk += fill[j] - first[j];
-  col->keys.resize(o);
-  col->values.resize(static_cast<size_t>(o) * w);
-  plan->fill = std::move(fill);
-  plan->from_disk = from_disk;
+  for (size_t j = 0; j < nr; j++) from_disk += last[j] - plan_->first[j];
+  col_->keys.resize(o_);
+  col_->values.resize(o_ * w_);
+  plan_->fill = std::move(last);
+  plan_->from_disk = from_disk;
+}
+
+LanePlan::LanePlan(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il, const std::vector<PageRef>& refs,
+                   const BufferedItems& b, uint32_t w, ColumnData* col, IndexPlan* plan, unsigned lanes)
+    : planner_(ik, il, refs, b, w, col, plan, lanes), lanes_(lanes), shared_(lanes, 0) {}
+
+void LanePlan::Share(unsigned l) {
+  if (shared_[l]) return;
+  shared_[l] = 1;
+  const unsigned parts = planner_.parts();
+  if (l < parts) {
+    if (!planner_.Refs(l)) refs_ok_ = false;
+    refs_done_.fetch_add(1);
+    refs_done_.notify_all();
+  }
+  if (l == 0) {
+    for (unsigned d = refs_done_.load(); d < parts; d = refs_done_.load()) refs_done_.wait(d);
+    sized_ = refs_ok_.load() && planner_.Size() ? 1 : 2;
+    sized_.notify_all();
+  } else {
+    while (sized_.load() == 0) sized_.wait(0);
+  }
+  const bool ok = sized_.load() == 1;
+  if (ok && l < parts) planner_.Slots(l);
+  if (shares_done_.fetch_add(1) + 1 == lanes_) {  // the last share: every part's slots are written
+    if (ok) planner_.Finish();
+    planned_ = ok ? 1 : 2;
+    planned_.notify_all();
+  }
+}
+
+bool LanePlan::Planned() {
+  while (planned_.load() == 0) planned_.wait(0);
+  return planned_.load() == 1;
+}
+
+bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il,
+                        const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
+                        IndexPlan* plan) {
+  IndexPlanner pl(ik, il, refs, b, w, col, plan, 1);
+  if (!pl.Refs(0) || !pl.Size()) return false;
+  pl.Slots(0);
+  pl.Finish();
   return true;
 }
 

@@ -15,6 +15,7 @@
 // Direct placement (clean, disjoint fixed-width pages decoded straight into the output) is
 // the scan's own fast path; CloseDirectGaps finishes it.
 #pragma once
+#include <atomic>
 #include <cstring>
 #include <cstdint>
 #include <thread>
@@ -119,7 +120,69 @@ struct IndexPlan {
   HVec<Slot> slots;  // grouped by ref, ascending within each: one write stream per page
   uint64_t from_disk = 0;       // output items that come from pages
 };
-// False when an index location names a page not in `refs` (col and plan are then unusable).
+// Makes the plan in parts that threads may run side by side: the index copy's entries are
+// split into `parts` ranges (1 when items are buffered in the range: where an entry's output
+// goes then depends on the buffered keys before it). Each part's Refs (which ref each entry
+// names, counted per ref) may run at once; then Size, once all have; then each part's Slots
+// at once. Every output slot and position is written by exactly one part.
+class IndexPlanner {
+ public:
+  IndexPlanner(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,
+               const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
+               IndexPlan* plan, unsigned parts);
+  unsigned parts() const { return static_cast<unsigned>(bound_.size() - 1); }
+  // Pass 1 of part p. False when an index location names a page not in `refs`.
+  bool Refs(unsigned p);
+  // Sizes the plan and the output after every part's Refs returned true. False when a ref
+  // would hold more entries than its valid records (index and pages disagree).
+  bool Size();
+  // Pass 2 of part p, after Size: the output keys, the buffered values and the part's slots.
+  void Slots(unsigned p);
+  // After every part's Slots: the plan's fill and from_disk, the output trimmed.
+  void Finish();
+
+ private:
+  const std::vector<uint64_t>& ik_;
+  const std::vector<uint32_t>& il_;
+  const std::vector<PageRef>& refs_;
+  const BufferedItems& buf_;
+  const uint32_t w_;
+  ColumnData* col_;
+  IndexPlan* plan_;
+  std::vector<size_t> bound_;                // part p: entries [bound_[p], bound_[p + 1])
+  HVec<uint32_t> rid_;                       // each entry's ref (refs.size(): a tombstone)
+  std::vector<std::vector<uint32_t>> cnt_;   // per part: entries per ref, tombstones last
+  std::vector<std::vector<uint32_t>> fill_;  // per part: its next slot per ref
+  std::vector<uint64_t> out_;                // per part: its first output position
+  uint64_t o_ = 0;                           // output items (one part: set by its Slots)
+};
+// The plan made by `lanes` threads side by side (see StoreOptions::scan_threads): each lane
+// calls Share once it has submitted its first reads, and Planned before it places a page.
+// Share(l) runs lane l's parts of the plan and waits for the other lanes only between the
+// passes, so it returns once every lane has called Share; each lane must therefore call it
+// on every path (also when its reads failed), or the others wait forever.
+class LanePlan {
+ public:
+  LanePlan(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs, const std::vector<PageRef>& refs,
+           const BufferedItems& buf, uint32_t width, ColumnData* col, IndexPlan* plan, unsigned lanes);
+  // Lane l's share (lane l's thread only; later calls return at once).
+  void Share(unsigned l);
+  // Waits until every lane's share is done: whether the plan holds (false: index and pages
+  // disagree; the feature is merged from chunks instead).
+  bool Planned();
+
+ private:
+  IndexPlanner planner_;
+  const unsigned lanes_;
+  std::vector<uint8_t> shared_;  // per lane, written by its own thread only
+  std::atomic<unsigned> refs_done_{0};
+  std::atomic<bool> refs_ok_{true};
+  std::atomic<int> sized_{0};  // 0: not yet; 1: sized; 2: the index and the pages disagree
+  std::atomic<unsigned> shares_done_{0};
+  std::atomic<int> planned_{0};  // 0: not yet; 1: planned; 2: failed
+};
+// The whole plan on the caller's thread. False when an index location names a page not in
+// `refs` or the index and the pages disagree (col and plan are then unusable).
 bool PlanIndexPlacement(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,
                         const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
                         IndexPlan* plan);

@@ -54,6 +54,13 @@ struct StoreOptions {
   // one burst, so decoding waited for the last read; with less in flight the completions
   // came steadily at the same throughput and decoding overlapped the reads.
   uint64_t read_inflight_bytes = 768u << 10;
+  // Threads that read and place the pages of one large fragmented feature (a scan through
+  // the key index): the scan's own thread and scan_threads - 1 helpers, each reading its share
+  // of the pages on a ring of its own and placing them, after the placement plan was made in
+  // parts by all of them. Such scans are CPU-bound (planning and placing every record
+  // through the index copy costs more than reading its bytes), so a second core halves the
+  // work on the scan's path. 1: the scan's thread only (many concurrent readers, one core).
+  unsigned scan_threads = 2;
   // Page slots that merges and rewrites free are kept allocated in the page file, up to this
   // many write buffers' worth, for the next flushes to overwrite in place; slots beyond it are
   // returned to the filesystem (hole punched), and close() returns them all. Punching a slot

@@ -53,6 +53,7 @@
 #include "reader/csrc/column.h"
 #include "reader/csrc/format.h"
 #include "reader/csrc/io_ring.h"
+#include "reader/csrc/lane_helpers.h"
 #include "reader/csrc/merger.h"
 #include "reader/csrc/metadata.h"
 #include "reader/csrc/mutex.h"
@@ -209,6 +210,9 @@ class StoreImpl final : public Store {
   PageFile file_;
   MetaStore meta_;
   IoRingPool* rings_ = nullptr;  // process-wide pools (IoRingPool::Shared)
+  // Parked threads for the lanes of large index-placed scans (scan_threads - 1 of them;
+  // made at open, started by the first such scan).
+  std::unique_ptr<LaneHelpers> lane_helpers_;
   std::unique_ptr<IoRing> write_ring_;  // from rings_, given back at close
   IoRingPool* block_rings_ = nullptr;  // small slots, deep queue: vector-grained reads
   uint32_t block_size_ = 512;                // device logical block (O_DIRECT alignment)
@@ -257,6 +261,7 @@ class StoreImpl final : public Store {
   // Feature scans resolved through the key index, and those that fell back to the k-way
   // merge because the index and the snapshot's pages disagreed (a writer mid-install).
   std::atomic<uint64_t> index_merges_{0}, index_merge_fallbacks_{0};
+  std::atomic<uint64_t> lane_scans_{0};  // index placements read and placed on more than one thread
   uint64_t flushes_ RF_GUARDED_BY(write_mu_) = 0;  // lifetime byte counters live in pstate_
   uint64_t punch_failures_ RF_GUARDED_BY(write_mu_) = 0;  // hole punches that failed (best effort, see ReleasePendingLocked)
   std::atomic<double> encoded_bytes_read_{0};

@@ -62,6 +62,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
                                    " must be at least 4 pages (" + std::to_string(4ull * ps) + ")");
   if (o_.queue_depth < 1 || o_.queue_depth > 4096) return Status::InvalidArgument("queue_depth must be in [1, 4096]");
   if (o_.build_threads < 1 || o_.build_threads > 64) return Status::InvalidArgument("build_threads must be in [1, 64]");
+  if (o_.scan_threads < 1 || o_.scan_threads > 16) return Status::InvalidArgument("scan_threads must be in [1, 16]");
   if (!(o_.free_reserve_buffers >= 0 && o_.free_reserve_buffers <= 1024))  // also rejects NaN
     return Status::InvalidArgument("free_reserve_buffers " + std::to_string(o_.free_reserve_buffers) +
                                    " must be in [0, 1024] write buffers");
@@ -121,6 +122,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     o_.page_size = stored_ps;  // the page size is fixed at creation
   }
 
+  if (o_.scan_threads > 1 && !o_.accounting) lane_helpers_ = std::make_unique<LaneHelpers>(o_.scan_threads - 1);
   if (o_.read_only) {
     // No LOCK: readers coexist with each other and with one writer. Safety comes from the
     // snapshot (metadata as of the open) and the per-read seq check, not from locking.

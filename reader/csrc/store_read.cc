@@ -12,13 +12,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -201,6 +204,77 @@ void OrderRunsByLowestKey(const ScanFeature& f,
     for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) pids->push_back(p);
 }
 
+using PageUsers = std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>>;  // page -> (feature, ref)
+using LanePageFn = std::function<Status(uint32_t pid, const PageView& page)>;  // StoreImpl::PageFn
+using LaneReadFn =
+    std::function<Status(IoRing*, const std::vector<uint32_t>&, const LanePageFn&, const IoRing::IdleFn&)>;
+using SegmentFn = std::function<Status(uint32_t pid, const PageView&, const ScanFeature&, uint32_t j, SegmentView*)>;
+
+// Smallest index placement worth more threads: below it a thread's start (tens of µs) costs
+// what its half of the plan and placement saves.
+constexpr size_t kLaneMinEntries = 16384;
+constexpr size_t kLaneMinPages = 8;
+
+// Index placement of one feature on up to `want` threads (StoreOptions::scan_threads): lane
+// l reads the l-th share of the pages (ascending ids, so each lane's reads stay in file
+// order) on a ring of its own, makes its part of the plan (LanePlan) while its first reads
+// are in flight and places its pages as they arrive. Pages write disjoint output slots, so
+// the lanes share nothing else. A lane's read error stops the others at their next page.
+Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const std::vector<uint32_t>& pids, const PageUsers& users,
+                         ScanFeature* f, ColumnData* col, const LaneReadFn& read, const SegmentFn& segment,
+                         double* encoded) {
+  struct Lane {
+    std::vector<uint64_t> scratch;
+    double encoded = 0;
+    bool failed = false;  // a page disagreed with the index
+    Status status;
+  };
+  const unsigned lanes = static_cast<unsigned>(helpers->size()) + 1;
+  std::vector<Lane> lane(lanes);
+  LanePlan lplan(f->ikeys, f->ilocs, f->refs, f->buf, f->def.fixed_width(), col, &f->plan, lanes);
+  LanePlan* const plan = &lplan;
+  std::atomic<bool> stop{false};
+  std::atomic<int> origin{-1};  // the lane whose error stopped the others
+  auto run = [&](unsigned l, unsigned n) {
+    Lane& me = lane[l];
+    const std::vector<uint32_t> mine(pids.begin() + pids.size() * l / n, pids.begin() + pids.size() * (l + 1) / n);
+    auto page = [&](uint32_t pid, const PageView& pv) -> Status {
+      if (stop.load(std::memory_order_relaxed)) return Status::IOError("scan stopped: another of its threads failed");
+      plan->Share(l);
+      const bool planned = plan->Planned();
+      for (const auto& [i, j] : users.at(pid)) {
+        SegmentView sv;
+        RF_RETURN_IF_ERROR(segment(pid, pv, *f, j, &sv));
+        if (planned && !me.failed && !PlaceIndexed(sv, f->plan, j, col, &me.scratch, &me.encoded)) me.failed = true;
+      }
+      return Status::OK();
+    };
+    RingLease ring(pool);
+    me.status = ring.Acquire();
+    if (me.status.ok())
+      me.status = read(ring.get(), mine, page, [&]() -> Status {
+        plan->Share(l);
+        return Status::OK();
+      });
+    plan->Share(l);  // on every path: the other lanes wait for it
+    if (!me.status.ok()) {
+      int none = -1;
+      origin.compare_exchange_strong(none, static_cast<int>(l));
+      stop = true;
+    }
+  };
+  for (unsigned l = 1; l < lanes; l++) helpers->Run(l - 1, [&, l] { run(l, lanes); });
+  run(0, lanes);
+  helpers->Wait();
+  f->planned = true;
+  f->place_failed = !plan->Planned();
+  for (unsigned l = 0; l < lanes; l++) {
+    f->place_failed |= lane[l].failed;
+    *encoded += lane[l].encoded;
+  }
+  return origin.load() >= 0 ? lane[origin.load()].status : Status::OK();
+}
+
 }  // namespace
 
 Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi,
@@ -284,7 +358,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   if (lo >= hi && !to_end) hi = lo;  // empty range
 
   // Pages per feature overlapping [lo, hi); a page shared by several features is read once.
-  std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> users;  // page -> (feature, ref)
+  PageUsers users;
   std::vector<uint32_t> pids;
   for (size_t i = 0; i < nf; i++) {
     if (lo >= hi && !to_end) continue;
@@ -309,21 +383,26 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   };
 
   double encoded = 0;
+  // Page pid's segment of feature f (its ref j), checked against the snapshot.
+  auto segment = [&](uint32_t pid, const PageView& pv, const ScanFeature& f, uint32_t j, SegmentView* sv) -> Status {
+    const PageRef& ref = f.refs[j];
+    if (pv.seq() != ref.seq)
+      return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                           "' was rewritten by a writer since this read-only handle opened (seq " +
+                           std::to_string(pv.seq()) + ", snapshot expects " + std::to_string(ref.seq) +
+                           "); reopen the store to read the current data");
+    if (!pv.Find(f.def.id, sv))
+      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                                "' lacks the segment of feature '" + f.def.name + "' that the metadata lists");
+    sv->width = f.def.fixed_width();
+    return CheckSegmentFits(*sv, pid, pages_path_, f.def);
+  };
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     for (const auto& [i, j] : users[pid]) {
       ScanFeature& f = fs[i];
       const PageRef& ref = f.refs[j];
-      if (pv.seq() != ref.seq)
-        return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
-                             "' was rewritten by a writer since this read-only handle opened (seq " +
-                             std::to_string(pv.seq()) + ", snapshot expects " + std::to_string(ref.seq) +
-                             "); reopen the store to read the current data");
       SegmentView sv;
-      if (!pv.Find(f.def.id, &sv))
-        return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
-                                  "' lacks the segment of feature '" + f.def.name + "' that the metadata lists");
-      sv.width = f.def.fixed_width();
-      RF_RETURN_IF_ERROR(CheckSegmentFits(sv, pid, pages_path_, f.def));
+      RF_RETURN_IF_ERROR(segment(pid, pv, f, j, &sv));
       if (f.placed) {
         if (!f.planned) plan(i);
         if (!f.place_failed && !PlaceIndexed(sv, f.plan, j, &(*out)[i], &scratch, &encoded)) f.place_failed = true;
@@ -364,7 +443,18 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   };
   bool any_placed = false;
   for (const ScanFeature& f : fs) any_placed |= f.placed;
-  if (!pids.empty()) {
+  const unsigned lanes = lane_helpers_ && nf == 1 && fs[0].placed && fs[0].ikeys.size() >= kLaneMinEntries
+                            ? static_cast<unsigned>(std::min<size_t>(o_.scan_threads, pids.size() / kLaneMinPages))
+                            : 1;
+  LaneHelpers::Claim helpers = lanes > 1 ? lane_helpers_->Acquire(lanes - 1) : LaneHelpers::Claim();
+  if (helpers.size() > 0) {
+    auto read = [this](IoRing* r, const std::vector<uint32_t>& p, const PageFn& fn, const IoRing::IdleFn& idle) {
+      return ReadPages(r, p, fn, idle);
+    };
+    lane_scans_++;
+    Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, &encoded);
+    if (!rs.ok()) return ExplainReadFailure(rs);
+  } else if (!pids.empty()) {
     RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
     Status rs = ReadPages(ring.get(), pids, cb, any_placed ? IoRing::IdleFn(idle) : IoRing::IdleFn());

@@ -127,6 +127,7 @@ std::string StoreImpl::StatsJson() {
   j.KV("useful_bytes_read", static_cast<double>(useful_bytes_read_));
   j.KV("reads", static_cast<double>(reads_));
   j.KV("index_merges", static_cast<double>(index_merges_));
+  j.KV("lane_scans", static_cast<double>(lane_scans_));
   j.KV("index_merge_fallbacks", static_cast<double>(index_merge_fallbacks_));
   j.KV("pages_written", static_cast<double>(pstate_.pages_written));
   j.KV("bytes_written", static_cast<double>(bytes_written));

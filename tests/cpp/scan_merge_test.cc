@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <thread>
 #include <algorithm>
 
 #include "reader/csrc/format.h"
@@ -264,6 +265,82 @@ TEST(ScanMerge, IndexPlacementAgreesWithBruteForce) {
     uint64_t buffered = 0;
     for (size_t e = 0; e < sc.buf.size(); e++) buffered += !sc.buf.tomb[e];
     EXPECT_EQ(plan.from_disk + buffered, col.keys.size());
+  }
+}
+
+// The plan made by several lanes on threads of their own (LanePlan) equals the one made on
+// one thread, slot for slot; placing the pages then gives the chunk merges' output. Each
+// scenario also runs without its buffered items, where the plan is split into parts.
+TEST(ScanMerge, LanePlanOnThreadsEqualsOneThread) {
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  std::vector<Scenario> all = Scenarios();
+  for (const Scenario& sc : Scenarios()) all.push_back({sc.cs, Buffer({})});
+  for (const Scenario& sc : all) {
+    if (sc.cs.empty()) continue;
+    std::vector<uint64_t> ik;
+    std::vector<uint32_t> il;
+    IndexOf(sc.cs, &ik, &il);
+    const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
+    const std::vector<PageRef> refs = ValidRefs(sc.cs);
+    ColumnData col1;
+    IndexPlan plan1;
+    ASSERT_TRUE(PlanIndexPlacement(ik, il, refs, sc.buf, 8, &col1, &plan1));
+    for (unsigned lanes : {2u, 3u, 7u}) {
+      ColumnData col;
+      IndexPlan plan;
+      LanePlan lp(ik, il, refs, sc.buf, 8, &col, &plan, lanes);
+      std::vector<std::thread> ts;
+      for (unsigned l = 1; l < lanes; l++) ts.emplace_back([&lp, l] {
+        lp.Share(l);
+        EXPECT_TRUE(lp.Planned());
+      });
+      lp.Share(0);
+      lp.Share(0);  // a second call returns at once
+      ASSERT_TRUE(lp.Planned());
+      for (std::thread& t : ts) t.join();
+      EXPECT_EQ(plan.first, plan1.first) << lanes;
+      EXPECT_EQ(plan.fill, plan1.fill) << lanes;
+      EXPECT_EQ(plan.from_disk, plan1.from_disk) << lanes;
+      ASSERT_EQ(plan.slots.size(), plan1.slots.size());
+      for (size_t j = 0; j + 1 < plan.first.size(); j++)  // (slots past a ref's fill are unused)
+        for (size_t k = plan.first[j]; k < plan.fill[j]; k++) {
+          EXPECT_EQ(plan.slots[k].key, plan1.slots[k].key) << lanes << " slot " << k;
+          EXPECT_EQ(plan.slots[k].pos, plan1.slots[k].pos) << lanes << " slot " << k;
+        }
+      EXPECT_EQ(std::vector<uint64_t>(col.keys.begin(), col.keys.end()),
+                std::vector<uint64_t>(col1.keys.begin(), col1.keys.end()));
+      std::vector<uint64_t> scratch;
+      double encoded = 0;
+      for (size_t j = 0; j < pages.size(); j++)
+        EXPECT_TRUE(PlaceIndexed(pages[j].sv, plan, static_cast<uint32_t>(j), &col, &scratch, &encoded));
+      EXPECT_EQ(Output(col), Expected(sc.cs, sc.buf)) << lanes;
+    }
+  }
+}
+
+// An index entry naming a page the scan does not read, in any part: every lane learns that
+// the plan failed, none waits forever.
+TEST(ScanMerge, LanePlanRefusalReachesEveryLane) {
+  const Scenario sc = Scenarios()[3];  // the dense one: hundreds of entries
+  std::vector<uint64_t> ik;
+  std::vector<uint32_t> il;
+  for (size_t bad : {size_t{0}, size_t{1} << 30}) {
+    IndexOf(sc.cs, &ik, &il);
+    il[std::min(bad, il.size() - 1)] = 555;
+    ColumnData col;
+    IndexPlan plan;
+    LanePlan lp(ik, il, ValidRefs(sc.cs), Buffer({}), 8, &col, &plan, 3);
+    std::vector<std::thread> ts;
+    for (unsigned l = 1; l < 3; l++) ts.emplace_back([&lp, l] {
+      lp.Share(l);
+      EXPECT_FALSE(lp.Planned());
+    });
+    lp.Share(0);
+    EXPECT_FALSE(lp.Planned());
+    for (std::thread& t : ts) t.join();
   }
 }
 

@@ -1,0 +1,103 @@
+#include "reader/csrc/lane_helpers.h"
+
+#include <unistd.h>
+
+#include <system_error>
+
+namespace recflash {
+
+LaneHelpers::LaneHelpers(unsigned n) {
+  for (unsigned i = 0; i < n; i++) slots_.push_back(std::make_unique<Slot>());
+}
+
+LaneHelpers::~LaneHelpers() {
+  if (owner_pid_.load() != ::getpid()) {
+    // Not started, or started by the parent of this forked process: no thread to join here,
+    // and std::thread must not be destroyed joinable.
+    for (auto& s : slots_)
+      if (s->thread.joinable()) s->thread.detach();
+    return;
+  }
+  for (auto& s : slots_) {
+    if (!s->thread.joinable()) continue;
+    // A claimed helper belongs to a scan still running (the store's close waits for those).
+    int expect = kIdle;
+    while (!s->state.compare_exchange_weak(expect, kStop)) {
+      s->state.wait(expect);
+      expect = kIdle;
+    }
+    s->state.notify_all();
+    s->thread.join();
+  }
+}
+
+void LaneHelpers::StartLocked() {
+  for (auto& s : slots_) {
+    try {
+      s->thread = std::thread([this, p = s.get()] { Loop(p); });
+    } catch (const std::system_error&) {
+      s->state = kStop;  // never claimed
+    }
+  }
+  owner_pid_ = ::getpid();
+  started_ = true;
+}
+
+LaneHelpers::Claim LaneHelpers::Acquire(unsigned want) {
+  Claim c;
+  if (want == 0 || slots_.empty()) return c;
+  if (!started_.load()) {
+    // One scan starts them; a scan arriving meanwhile runs without helpers.
+    if (starting_.test_and_set()) return c;
+    if (!started_.load()) StartLocked();
+  }
+  if (owner_pid_.load() != ::getpid()) return c;
+  c.owner_ = this;
+  for (unsigned i = 0; i < slots_.size() && c.held_.size() < want; i++) {
+    int expect = kIdle;
+    if (slots_[i]->state.compare_exchange_strong(expect, kClaimed)) c.held_.push_back(i);
+  }
+  return c;
+}
+
+void LaneHelpers::Loop(Slot* s) {
+  for (;;) {
+    int st = s->state.load();
+    while (st != kRunning && st != kStop) {
+      s->state.wait(st);
+      st = s->state.load();
+    }
+    if (st == kStop) return;
+    s->job();
+    s->job = nullptr;
+    s->state = kDone;
+    s->state.notify_all();
+  }
+}
+
+void LaneHelpers::Claim::Run(size_t k, std::function<void()> job) {
+  Slot* s = owner_->slots_[held_[k]].get();
+  s->job = std::move(job);
+  s->state = kRunning;  // publishes the job
+  s->state.notify_all();
+}
+
+void LaneHelpers::Claim::Wait() {
+  if (!owner_) return;
+  for (unsigned i : held_) {
+    Slot* s = owner_->slots_[i].get();
+    for (int st = s->state.load(); st == kRunning; st = s->state.load()) s->state.wait(st);
+  }
+}
+
+LaneHelpers::Claim::~Claim() {
+  if (!owner_) return;
+  Wait();
+  for (unsigned i : held_) {
+    Slot* s = owner_->slots_[i].get();
+    s->state = kIdle;
+    s->state.notify_all();
+  }
+}
+
+}  // namespace recflash

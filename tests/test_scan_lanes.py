@@ -1,0 +1,173 @@
+"""Index placement on several threads (StoreOptions.scan_threads).
+
+A large fragmented feature (pages overlapping after updates, resolved through its key index)
+is read and placed by lanes: each reads its share of the pages on a ring of its own, the
+placement plan is made in parts by all of them, and each places the pages it read. The result
+must equal the one-thread scan and the model for every lane count, with deletes, buffered
+writes (the plan then in one part), key ranges, concurrent scans sharing the helpers, a
+read-only handle and read errors in any lane.
+"""
+from __future__ import annotations
+
+import errno
+import threading
+
+import numpy as np
+import pytest
+
+from recflash.reader import InvalidArgumentError, Store, StoreOptions
+from recflash.reader.errors import IOError_
+from recflash.reader import testing
+
+N = 60000  # entries: above the lanes' threshold (16384) on 4 KiB pages
+
+
+def _opts(**kw) -> StoreOptions:
+    args = dict(page_size=4096, write_buffer_bytes=256 << 10)
+    args.update(kw)
+    return StoreOptions(**args)
+
+
+class _State:
+    """What the store holds per feature: a sorted key pool, its values and which are live."""
+
+    def __init__(self, keys, vals):
+        self.keys, self.vals = keys, vals
+        self.live = np.ones(len(keys), bool)
+
+    def expect(self, lo=0, hi=None):
+        m = self.live & (self.keys >= lo)
+        if hi is not None:
+            m &= self.keys < hi
+        return self.keys[m], self.vals[m]
+
+
+def _fill(path, rng, rounds=6, leave_buffered=False):
+    """int64 and float32 features over sparse keys, updated (a quarter of the keys) and
+    partly deleted in rounds, each flushed: every page overlaps others, with stale records
+    and tombstones."""
+    st = Store.open(path, _opts())
+    state = {}
+    for name, dt in (("i", np.int64), ("f", np.float32)):
+        st.create_feature(name, "int64" if dt is np.int64 else "float32")
+        keys = np.unique(rng.integers(0, 1 << 62, N, dtype=np.uint64))
+        vals = rng.integers(-(1 << 40), 1 << 40, len(keys)).astype(dt)
+        st.put(name, keys, vals)
+        state[name] = _State(keys, vals.copy())
+    st.flush()
+    for r in range(rounds + (1 if leave_buffered else 0)):
+        for name, s in state.items():
+            idx = np.unique(rng.integers(0, len(s.keys), len(s.keys) // 4))
+            v = rng.integers(-(1 << 40), 1 << 40, len(idx)).astype(s.vals.dtype)
+            st.put(name, s.keys[idx], v)
+            s.vals[idx] = v
+            s.live[idx] = True
+            if r % 2 == 1:
+                d = np.unique(rng.integers(0, len(s.keys), len(s.keys) // 30))
+                st.delete(name, s.keys[d])
+                s.live[d] = False
+        if r < rounds:
+            st.flush()
+    return st, state
+
+
+def _check(st, state, name, lo=0, hi=None):
+    tab = st.scan(name) if hi is None and lo == 0 else st.scan(name, key_range=(lo, hi))
+    k, v = state[name].expect(lo, hi)
+    got_k = tab.column("key").to_numpy()
+    got_v = tab.column("value").to_numpy()
+    assert np.array_equal(got_k, k), f"{name} [{lo}, {hi}): keys differ ({len(got_k)} vs {len(k)})"
+    assert np.array_equal(got_v, v), f"{name} [{lo}, {hi}): values differ"
+
+
+def _ranges(state, name):
+    ks = state[name].keys
+    return [(0, None), (int(ks[len(ks) // 7]), int(ks[len(ks) * 5 // 6])), (int(ks[3]), int(ks[40000]))]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_lanes_equal_model(store_path, threads):
+    rng = np.random.default_rng(21)
+    st, state = _fill(store_path, rng)
+    st.close()
+    with Store.open(store_path, _opts(scan_threads=threads)) as st:
+        for name in state:
+            for lo, hi in _ranges(state, name):
+                _check(st, state, name, lo, hi)
+        s = st.stats()
+        assert s["index_merges"] > 0, s
+        assert s["index_merge_fallbacks"] == 0, s
+        if threads == 1:
+            assert s["lane_scans"] == 0, s
+        else:
+            assert s["lane_scans"] >= 2 * len(state), s
+
+
+def test_lanes_with_buffered_items_and_read_only_handle(store_path):
+    """Unflushed puts and deletes in the range: the plan runs in one part, the placement in
+    lanes. A read-only handle (its index from the checkpoint close wrote) scans in lanes too."""
+    rng = np.random.default_rng(22)
+    st, state = _fill(store_path, rng, leave_buffered=True)
+    try:
+        for name in state:
+            for lo, hi in _ranges(state, name):
+                _check(st, state, name, lo, hi)
+        assert st.stats()["lane_scans"] > 0
+    finally:
+        st.close()
+    with Store.open(store_path, _opts(read_only=True)) as ro:
+        for name in state:
+            _check(ro, state, name)
+        assert ro.stats()["lane_scans"] > 0
+
+
+def test_concurrent_scans_share_the_helpers(store_path):
+    """More scanning threads than helpers: each scan takes the helpers idle at that moment or
+    runs on its own thread; every result is right."""
+    rng = np.random.default_rng(23)
+    st, state = _fill(store_path, rng, rounds=4)
+    st.close()
+    errors = []
+    with Store.open(store_path, _opts(scan_threads=2)) as st:
+        def worker(t):
+            try:
+                for i in range(6):
+                    name = "i" if (t + i) % 2 else "f"
+                    lo, hi = _ranges(state, name)[(t + i) % 3]
+                    _check(st, state, name, lo, hi)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not errors, errors
+        assert st.stats()["lane_scans"] > 0
+
+
+@pytest.mark.parametrize("nth", [1, 2, 5, 17])
+def test_read_error_in_a_lane(store_path, nth):
+    """A failed page read in either lane fails the scan with the read's error (no lane left
+    waiting for the other); the next scan is right."""
+    rng = np.random.default_rng(24)
+    st, state = _fill(store_path, rng, rounds=3)
+    st.close()
+    with Store.open(store_path, _opts(scan_threads=2)) as st:
+        testing.arm("page_read", nth=nth, errno=errno.EIO)
+        try:
+            with pytest.raises(IOError_) as ei:
+                st.scan("i")
+        finally:
+            testing.disarm()
+        assert ei.value.errno == errno.EIO
+        assert "pages.dat" in str(ei.value)
+        _check(st, state, "i")
+        assert st.stats()["lane_scans"] >= 2
+
+
+@pytest.mark.parametrize("bad", [0, 17])
+def test_scan_threads_checked(store_path, bad):
+    with pytest.raises(InvalidArgumentError, match="scan_threads"):
+        Store.open(store_path, _opts(scan_threads=bad))

@@ -118,3 +118,53 @@ def test_free_reserve_option_is_checked(tmp_path):
     for bad in (-1.0, float("nan"), 2000.0):
         with pytest.raises(InvalidArgumentError, match="free_reserve_buffers"):
             Store.open(str(tmp_path / "s"), StoreOptions(free_reserve_buffers=bad))
+
+
+_CRASHED_SESSION = """
+import os, sys
+import numpy as np
+from recflash.reader import Store, StoreOptions
+s = Store.open(sys.argv[1], StoreOptions(page_size=16384, write_buffer_bytes=1 << 20, free_reserve_buffers=8.0))
+s.create_feature("x", "float32")
+keys = np.arange(300_000, dtype=np.uint64)
+s.put("x", keys, np.zeros(len(keys), np.float32))
+s.flush()
+rng = np.random.default_rng(5)
+for r in range(6):
+    k = np.unique(rng.integers(0, len(keys), 120_000)).astype(np.uint64)
+    s.put("x", k, np.full(len(k), r + 1, np.float32))
+s.flush()
+st = s.stats()
+print(st["pages_in_use"], st["kept_free_slots"], flush=True)
+os._exit(0)  # no close(): the kept free slots stay allocated
+"""
+
+
+def test_open_returns_slots_a_crashed_session_left_allocated(tmp_path):
+    """A session that ends without close() leaves the free slots it kept for reuse allocated.
+    The next writable open finds the file allocating more than its pages in use and punches
+    every free run; after a clean close the open has nothing to return."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "s")
+    out = subprocess.run([sys.executable, "-c", _CRASHED_SESSION, path], capture_output=True, text=True,
+                         check=True).stdout.split()
+    used, kept = int(out[0]), int(out[1])
+    assert kept > 16, "the session kept no freed slot: nothing exercised"
+    assert _allocated(path) >= (used + kept) * 16384 - FS_SLACK, "the kept slots are not allocated after the crash"
+    expected = np.zeros(300_000, np.float32)
+    rng = np.random.default_rng(5)
+    for r in range(6):
+        expected[np.unique(rng.integers(0, len(expected), 120_000))] = r + 1
+    o = StoreOptions(page_size=16384, write_buffer_bytes=1 << 20)
+    with Store.open(path, o) as s:
+        st = s.stats()
+        assert st["open_returned_slots"] >= kept, st
+        assert st["punch_failures"] == 0
+        assert _allocated(path) <= st["pages_in_use"] * 16384 + FS_SLACK, \
+            f"{_allocated(path):,} B allocated for {st['pages_in_use']} pages after the open"
+        assert np.array_equal(s.scan("x").column(1).to_numpy(), expected)
+    with Store.open(path, o) as s:
+        assert s.stats()["open_returned_slots"] == 0
+        assert np.array_equal(s.scan("x").column(1).to_numpy(), expected)

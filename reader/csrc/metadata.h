@@ -92,6 +92,7 @@ class LogicalPageTable {
   // and kept slots over returned ones.
   std::vector<uint32_t> Allocate(uint32_t n);
   size_t free_slots() const { return free_.size(); }
+  std::vector<uint32_t> FreeSlots() const { return {free_.begin(), free_.end()}; }  // ascending
   size_t kept_slots() const { return kept_.size(); }
   // Marks the kept slots beyond the `max_kept` lowest as returned and lists them ascending
   // (the caller punches them). The highest go: Allocate takes the lowest runs first.

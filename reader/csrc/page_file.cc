@@ -42,6 +42,13 @@ Status PageFile::SlotCount(uint64_t* n) const {
   return Status::OK();
 }
 
+Status PageFile::AllocatedBytes(uint64_t* bytes) const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return Status::FromErrno("fstat", path_, errno);
+  *bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+  return Status::OK();
+}
+
 Status PageFile::Reserve(uint64_t slots) {
   if (slots <= reserved_slots_ || no_fallocate_) return Status::OK();
   uint64_t have = 0;

@@ -34,6 +34,8 @@ class PageFile {
   // Gives back the file's tail past `slots` pages (space allocated ahead and not used, or
   // free slots at the end): what a user's disk pays is the file's allocated bytes.
   Status Truncate(uint64_t slots);
+  // Bytes the filesystem has allocated to the file (st_blocks), holes not counted.
+  Status AllocatedBytes(uint64_t* bytes) const;
   // Releases the space of pages [first, first + count) (the file analogue of TRIM).
   Status Punch(uint32_t first, uint32_t count);
   Status Sync();

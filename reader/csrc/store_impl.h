@@ -184,6 +184,11 @@ class StoreImpl final : public Store {
   void ReleasePendingLocked() RF_REQUIRES(write_mu_);
   // Punches the kept free slots beyond the lowest max_kept (0 at close: all of them).
   void ReturnFreeSlotsLocked(size_t max_kept) RF_REQUIRES(write_mu_);
+  // At a writable open: slots a crashed session (or a close that failed before its flush)
+  // left allocated — kept for reuse, or allocated ahead — are free slots the open cannot tell
+  // from holes. When the file allocates more than its pages in use, the tail is trimmed and
+  // every free run punched.
+  void ReturnLeftoverSlotsLocked() RF_REQUIRES(write_mu_);
   // Gives back the page file's free tail (space allocated ahead for writes that are done),
   // at the end of an explicit flush and at close. Best effort, like hole punching.
   void TrimFileLocked() RF_REQUIRES(write_mu_);
@@ -263,6 +268,7 @@ class StoreImpl final : public Store {
   std::atomic<uint64_t> index_merges_{0}, index_merge_fallbacks_{0};
   std::atomic<uint64_t> lane_scans_{0};  // index placements read and placed on more than one thread
   uint64_t flushes_ RF_GUARDED_BY(write_mu_) = 0;  // lifetime byte counters live in pstate_
+  uint64_t open_returned_slots_ RF_GUARDED_BY(write_mu_) = 0;  // free slots punched at open (ReturnLeftoverSlotsLocked)
   uint64_t punch_failures_ RF_GUARDED_BY(write_mu_) = 0;  // hole punches that failed (best effort, see ReleasePendingLocked)
   std::atomic<double> encoded_bytes_read_{0};
   uint64_t flush_pages_written_ RF_GUARDED_BY(write_mu_) = 0;

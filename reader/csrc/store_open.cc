@@ -166,7 +166,9 @@ Status StoreImpl::OpenImpl(const std::string& path) {
   block_rings_ = IoRingPool::Shared(128, 4096);
   if (o_.verify_block_reads && !o_.accounting) block_sums_ = std::make_unique<BlockSums>(o_.page_size, block_size_);
   MutexLock wl(&write_mu_);  // nothing else can reach the store yet; the tables' rule holds anyway
-  return Recover();
+  RF_RETURN_IF_ERROR(Recover());
+  ReturnLeftoverSlotsLocked();
+  return Status::OK();
 }
 
 Status StoreImpl::LoadTables(uint32_t* max_pid) {

@@ -140,6 +140,7 @@ std::string StoreImpl::StatsJson() {
   j.KV("disk_bytes_per_item", live_items ? static_cast<double>(file_bytes) / live_items : 0.0);
   j.KV("flushes", static_cast<double>(flushes_));
   j.KV("punch_failures", static_cast<double>(punch_failures_));
+  j.KV("open_returned_slots", static_cast<double>(open_returned_slots_));
   j.KV("recovery_seconds", recovery_seconds_);
   j.KV("recovered_wal_records", static_cast<double>(recovered_wal_records_));
   j.Key("read_only");

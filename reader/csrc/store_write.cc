@@ -578,6 +578,27 @@ void StoreImpl::ReleasePendingLocked() {
   ReturnFreeSlotsLocked(reserve > 0 ? static_cast<size_t>(reserve) : 0);
 }
 
+void StoreImpl::ReturnLeftoverSlotsLocked() {
+  if (o_.accounting || o_.read_only) return;
+  TrimFileLocked();
+  uint64_t alloc = 0;
+  if (!file_.AllocatedBytes(&alloc).ok()) return;
+  std::vector<uint32_t> free;
+  uint64_t live;
+  {
+    MutexLock l(&mu_);
+    live = pages_.live_pages();
+    // A little slack for filesystem metadata blocks: a clean close leaves nothing to punch,
+    // and that open pays one fstat.
+    if (alloc <= (live + 16) * o_.page_size) return;
+    free = pages_.FreeSlots();
+  }
+  for (const PageRun& r : CoalescePages(free, UINT32_MAX)) {
+    if (!file_.Punch(r.first, r.count).ok()) punch_failures_++;
+    open_returned_slots_ += r.count;
+  }
+}
+
 void StoreImpl::ReturnFreeSlotsLocked(size_t max_kept) {
   for (const PageRun& r : CoalescePages(pages_.ReturnKeptBeyond(max_kept), UINT32_MAX)) {
     // Best effort: the slot is reusable either way (a failure only keeps its old bytes

@@ -33,7 +33,7 @@ int64_t KeyIndex::FindFrom(uint64_t key, size_t* hint) const {
   return it - keys_.begin();
 }
 
-void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, std::vector<uint64_t>* keys, std::vector<uint32_t>* locs) const {
+void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const {
   size_t a, z;
   if (dense_) {
     const uint64_t n = locs_.size();

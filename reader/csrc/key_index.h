@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "reader/csrc/column.h"
+
 namespace recflash {
 
 class KeyIndex {
@@ -72,7 +74,9 @@ class KeyIndex {
                  const std::vector<uint32_t>& lens);
   // Copies the entries with lo <= key < hi (hi == UINT64_MAX: no upper bound), keys
   // ascending: a reader's private snapshot of where each key's current version lives.
-  void CopyRange(uint64_t lo, uint64_t hi, std::vector<uint64_t>* keys, std::vector<uint32_t>* locs) const;
+  // Into reused read buffers (HVec): a fresh vector per scan faulted in its memory page by
+  // page, ~100 µs of a 40 k-key scan's time before its reads were even submitted.
+  void CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const;
   // Removes the entries whose positions are listed (ascending).
   void Erase(const std::vector<size_t>& positions);
   // Checkpoint form (clean shutdown): appended to / parsed from a byte string.

@@ -155,7 +155,7 @@ std::vector<uint32_t> ChunkOrder(const std::vector<PageChunk>& cs) {
   return order;
 }
 
-bool MergeByIndex(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il, const std::vector<PageRef>& refs,
+bool MergeByIndex(const HVec<uint64_t>& ik, const HVec<uint32_t>& il, const std::vector<PageRef>& refs,
                   MergeSink* sink) {
   const std::vector<PageChunk>& cs = sink->cs;
   const BufferedItems& b = sink->buf;
@@ -285,7 +285,7 @@ void MergeHeap(const std::vector<uint32_t>& order, MergeSink* sink) {
   }
 }
 
-MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint32_t>* ilocs,
+MergeKind MergeChunks(const HVec<uint64_t>* ikeys, const HVec<uint32_t>* ilocs,
                       const std::vector<PageRef>& refs, MergeSink* sink) {
   MergeKind kind = MergeKind::kHeap;
   if (ikeys) {
@@ -303,7 +303,7 @@ MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint
   return kind;
 }
 
-IndexPlanner::IndexPlanner(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il,
+IndexPlanner::IndexPlanner(const HVec<uint64_t>& ik, const HVec<uint32_t>& il,
                            const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
                            IndexPlan* plan, unsigned parts)
     : ik_(ik), il_(il), refs_(refs), buf_(b), w_(w), col_(col), plan_(plan), rid_(ik.size()) {
@@ -410,7 +410,7 @@ void IndexPlanner::Finish() {
   plan_->from_disk = from_disk;
 }
 
-LanePlan::LanePlan(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il, const std::vector<PageRef>& refs,
+LanePlan::LanePlan(const HVec<uint64_t>& ik, const HVec<uint32_t>& il, const std::vector<PageRef>& refs,
                    const BufferedItems& b, uint32_t w, ColumnData* col, IndexPlan* plan, unsigned lanes)
     : planner_(ik, il, refs, b, w, col, plan, lanes), lanes_(lanes), shared_(lanes, 0) {}
 
@@ -444,7 +444,7 @@ bool LanePlan::Planned() {
   return planned_.load() == 1;
 }
 
-bool PlanIndexPlacement(const std::vector<uint64_t>& ik, const std::vector<uint32_t>& il,
+bool PlanIndexPlacement(const HVec<uint64_t>& ik, const HVec<uint32_t>& il,
                         const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
                         IndexPlan* plan) {
   IndexPlanner pl(ik, il, refs, b, w, col, plan, 1);

@@ -87,7 +87,7 @@ std::vector<uint32_t> ChunkOrder(const std::vector<PageChunk>& chunks);
 // scans use it for variable-width values (fixed-width ones take index placement below)
 // whose pages are `refs` (chunk j is page refs[j]). False when index and chunks disagree;
 // the sink is then as the call found it only if the caller Resets it.
-bool MergeByIndex(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,
+bool MergeByIndex(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs,
                   const std::vector<PageRef>& refs, MergeSink* sink);
 // Dense-key scatter over the chunks in `order`; false (nothing done) when the keys are not
 // dense enough for it to pay.
@@ -98,7 +98,7 @@ void MergeHeap(const std::vector<uint32_t>& order, MergeSink* sink);
 enum class MergeKind { kIndex, kIndexFallback, kDense, kHeap };
 // The whole merge of one feature: index copy (when given) -> dense -> heap, then the
 // remaining buffered items. Returns the strategy that produced the output.
-MergeKind MergeChunks(const std::vector<uint64_t>* ikeys, const std::vector<uint32_t>* ilocs,
+MergeKind MergeChunks(const HVec<uint64_t>* ikeys, const HVec<uint32_t>* ilocs,
                       const std::vector<PageRef>& refs, MergeSink* sink);
 
 // Index placement: the index merge for fixed-width values done as pages arrive, so it
@@ -127,7 +127,7 @@ struct IndexPlan {
 // at once. Every output slot and position is written by exactly one part.
 class IndexPlanner {
  public:
-  IndexPlanner(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,
+  IndexPlanner(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs,
                const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
                IndexPlan* plan, unsigned parts);
   unsigned parts() const { return static_cast<unsigned>(bound_.size() - 1); }
@@ -142,8 +142,8 @@ class IndexPlanner {
   void Finish();
 
  private:
-  const std::vector<uint64_t>& ik_;
-  const std::vector<uint32_t>& il_;
+  const HVec<uint64_t>& ik_;
+  const HVec<uint32_t>& il_;
   const std::vector<PageRef>& refs_;
   const BufferedItems& buf_;
   const uint32_t w_;
@@ -163,7 +163,7 @@ class IndexPlanner {
 // on every path (also when its reads failed), or the others wait forever.
 class LanePlan {
  public:
-  LanePlan(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs, const std::vector<PageRef>& refs,
+  LanePlan(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs, const std::vector<PageRef>& refs,
            const BufferedItems& buf, uint32_t width, ColumnData* col, IndexPlan* plan, unsigned lanes);
   // Lane l's share (lane l's thread only; later calls return at once).
   void Share(unsigned l);
@@ -183,7 +183,7 @@ class LanePlan {
 };
 // The whole plan on the caller's thread. False when an index location names a page not in
 // `refs` or the index and the pages disagree (col and plan are then unusable).
-bool PlanIndexPlacement(const std::vector<uint64_t>& ikeys, const std::vector<uint32_t>& ilocs,
+bool PlanIndexPlacement(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs,
                         const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
                         IndexPlan* plan);
 // Fills ref j's slots from its page's segment `sv` (width set); `scratch` holds decoded keys.

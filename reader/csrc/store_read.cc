@@ -71,8 +71,8 @@ struct ScanFeature {
   // Sparse-key features whose pages overlap (after updates) are resolved through a private
   // copy of their key index (see MergeByIndex).
   bool indexed = false;
-  std::vector<uint64_t> ikeys;
-  std::vector<uint32_t> ilocs;
+  HVec<uint64_t> ikeys;
+  HVec<uint32_t> ilocs;
   // Index placement (fixed width, see IndexPlan): the merge done as pages arrive. `placed`
   // is cleared when a page disagrees with the index; the feature is then merged from chunks.
   bool placed = false;

@@ -50,12 +50,12 @@ TEST(KeyIndex, SparseInsertFindFromAndErase) {
   EXPECT_EQ(idx.Find(1), KeyIndex::kAbsent);
   EXPECT_EQ(idx.Find(70), KeyIndex::kAbsent);
   EXPECT_EQ(idx.Find(500), 2);
-  std::vector<uint64_t> k;
-  std::vector<uint32_t> l;
+  HVec<uint64_t> k;
+  HVec<uint32_t> l;
   idx.CopyRange(6, 9000, &k, &l);
-  EXPECT_EQ(k, (std::vector<uint64_t>{50, 500}));
+  EXPECT_EQ(std::vector<uint64_t>(k.begin(), k.end()), (std::vector<uint64_t>{50, 500}));
   idx.CopyRange(6, UINT64_MAX, &k, &l);
-  EXPECT_EQ(k, (std::vector<uint64_t>{50, 500, 9000}));
+  EXPECT_EQ(std::vector<uint64_t>(k.begin(), k.end()), (std::vector<uint64_t>{50, 500, 9000}));
 }
 
 TEST(KeyIndex, DeferredTracksOnlyTheLastKey) {

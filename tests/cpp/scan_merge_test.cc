@@ -96,7 +96,7 @@ std::vector<PageRef> Refs(const std::vector<PageChunk>& cs) {
 }
 
 // The index a store would hold: each key's newest page version, tombstones flagged.
-void IndexOf(const std::vector<PageChunk>& cs, std::vector<uint64_t>* ik, std::vector<uint32_t>* il) {
+void IndexOf(const std::vector<PageChunk>& cs, HVec<uint64_t>* ik, HVec<uint32_t>* il) {
   std::map<uint64_t, std::pair<uint64_t, uint32_t>> best;
   for (size_t j = 0; j < cs.size(); j++)
     for (size_t r = 0; r < cs[j].keys.size(); r++) {
@@ -162,8 +162,8 @@ TEST(ScanMerge, HeapAndDenseAndIndexAgreeWithBruteForce) {
       }
     }
     {
-      std::vector<uint64_t> ik;
-      std::vector<uint32_t> il;
+      HVec<uint64_t> ik;
+      HVec<uint32_t> il;
       IndexOf(sc.cs, &ik, &il);
       ColumnData col;
       MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
@@ -191,8 +191,8 @@ TEST(ScanMerge, DenseOnlyWhenTheKeySpanIsSmall) {
 
 TEST(ScanMerge, AnIndexThatDisagreesFallsBackWithTheSameOutput) {
   Scenario sc = Scenarios()[0];
-  std::vector<uint64_t> ik;
-  std::vector<uint32_t> il;
+  HVec<uint64_t> ik;
+  HVec<uint32_t> il;
   IndexOf(sc.cs, &ik, &il);
   il[0] = 555;  // names a page the scan did not read (a writer mid-install)
   ColumnData col;
@@ -249,8 +249,8 @@ TEST(ScanMerge, IndexPlacementAgreesWithBruteForce) {
   d.type = ValueType::kInt64;
   for (const Scenario& sc : Scenarios()) {
     if (sc.cs.empty()) continue;
-    std::vector<uint64_t> ik;
-    std::vector<uint32_t> il;
+    HVec<uint64_t> ik;
+    HVec<uint32_t> il;
     IndexOf(sc.cs, &ik, &il);
     const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
     ColumnData col;
@@ -280,8 +280,8 @@ TEST(ScanMerge, LanePlanOnThreadsEqualsOneThread) {
   for (const Scenario& sc : Scenarios()) all.push_back({sc.cs, Buffer({})});
   for (const Scenario& sc : all) {
     if (sc.cs.empty()) continue;
-    std::vector<uint64_t> ik;
-    std::vector<uint32_t> il;
+    HVec<uint64_t> ik;
+    HVec<uint32_t> il;
     IndexOf(sc.cs, &ik, &il);
     const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
     const std::vector<PageRef> refs = ValidRefs(sc.cs);
@@ -325,8 +325,8 @@ TEST(ScanMerge, LanePlanOnThreadsEqualsOneThread) {
 // the plan failed, none waits forever.
 TEST(ScanMerge, LanePlanRefusalReachesEveryLane) {
   const Scenario sc = Scenarios()[3];  // the dense one: hundreds of entries
-  std::vector<uint64_t> ik;
-  std::vector<uint32_t> il;
+  HVec<uint64_t> ik;
+  HVec<uint32_t> il;
   for (size_t bad : {size_t{0}, size_t{1} << 30}) {
     IndexOf(sc.cs, &ik, &il);
     il[std::min(bad, il.size() - 1)] = 555;
@@ -351,8 +351,8 @@ TEST(ScanMerge, IndexPlacementRefusesAnIndexThatDisagrees) {
   d.type = ValueType::kInt64;
   const Scenario sc = Scenarios()[0];
   const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
-  std::vector<uint64_t> ik;
-  std::vector<uint32_t> il;
+  HVec<uint64_t> ik;
+  HVec<uint32_t> il;
   // A location naming a page the scan does not read: refused by the plan.
   IndexOf(sc.cs, &ik, &il);
   il[0] = 555;
@@ -389,8 +389,8 @@ TEST(ScanMerge, IndexPlacementChecksTheKeysOfACleanSegment) {
   d.type = ValueType::kInt64;
   const std::vector<PageChunk> cs = {Chunk(3, {10, 20, 30})};
   const std::vector<BuiltPage> pages = BuildPages(cs, d);
-  std::vector<uint64_t> ik;
-  std::vector<uint32_t> il;
+  HVec<uint64_t> ik;
+  HVec<uint32_t> il;
   IndexOf(cs, &ik, &il);
   ASSERT_EQ(ik.size(), 3u);
   std::vector<uint64_t> scratch;

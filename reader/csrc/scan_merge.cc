@@ -306,7 +306,15 @@ MergeKind MergeChunks(const HVec<uint64_t>* ikeys, const HVec<uint32_t>* ilocs,
 IndexPlanner::IndexPlanner(const HVec<uint64_t>& ik, const HVec<uint32_t>& il,
                            const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
                            IndexPlan* plan, unsigned parts)
-    : ik_(ik), il_(il), refs_(refs), buf_(b), w_(w), col_(col), plan_(plan), rid_(ik.size()) {
+    : ik_(ik),
+      il_(il),
+      refs_(refs),
+      buf_(b),
+      w_(w),
+      col_(col),
+      plan_(plan),
+      ref_of_(RefOfPage(refs, ik.size())),
+      rid_(ik.size()) {
   const size_t n = ik.size();
   if (b.size() > 0 || parts == 0) parts = 1;
   for (unsigned p = 0; p <= parts; p++) bound_.push_back(n * p / parts);
@@ -319,7 +327,6 @@ bool IndexPlanner::Refs(unsigned p) {
   // Consecutive entries of a fragmented feature mostly name different pages, so this pass
   // has no branch on that: deciding per entry whether the page changed was a mispredicted
   // branch for half of them.
-  const PageMap ref_of = RefOfPage(refs_, ik_.size());
   const uint32_t nr = static_cast<uint32_t>(refs_.size());
   const uint32_t* const ilp = il_.data();
   uint32_t* const rp = rid_.data();
@@ -328,7 +335,7 @@ bool IndexPlanner::Refs(unsigned p) {
     const uint32_t loc = ilp[e];
     uint32_t r = nr;
     if (!(loc & KeyIndex::kTomb)) [[likely]] {
-      const int32_t x = ref_of.Find(loc);
+      const int32_t x = ref_of_.Find(loc);
       if (x < 0) [[unlikely]] return false;
       r = static_cast<uint32_t>(x);
     }

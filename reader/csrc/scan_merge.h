@@ -24,6 +24,7 @@
 #include "reader/csrc/column.h"
 #include "reader/csrc/format.h"
 #include "reader/csrc/mutex.h"
+#include "reader/csrc/page_map.h"
 #include "reader/csrc/thread_annotations.h"
 #include "reader/csrc/version_set.h"
 #include "reader/csrc/write_buffer.h"
@@ -149,6 +150,7 @@ class IndexPlanner {
   const uint32_t w_;
   ColumnData* col_;
   IndexPlan* plan_;
+  const PageMap ref_of_;                     // page -> ref, built once for every part
   std::vector<size_t> bound_;                // part p: entries [bound_[p], bound_[p + 1])
   HVec<uint32_t> rid_;                       // each entry's ref (refs.size(): a tombstone)
   std::vector<std::vector<uint32_t>> cnt_;   // per part: entries per ref, tombstones last

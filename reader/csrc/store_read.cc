@@ -210,12 +210,12 @@ using LaneReadFn =
     std::function<Status(IoRing*, const std::vector<uint32_t>&, const LanePageFn&, const IoRing::IdleFn&)>;
 using SegmentFn = std::function<Status(uint32_t pid, const PageView&, const ScanFeature&, uint32_t j, SegmentView*)>;
 
-// Smallest index placement worth more threads: below it a thread's start (tens of µs) costs
-// what its half of the plan and placement saves.
+// Smallest index placement worth more threads: below it waking a helper and the lanes'
+// hand-overs cost about what a helper's share of the plan and placement saves.
 constexpr size_t kLaneMinEntries = 16384;
 constexpr size_t kLaneMinPages = 8;
 
-// Index placement of one feature on up to `want` threads (StoreOptions::scan_threads): lane
+// Index placement of one feature on the scan's thread and the claimed helpers: lane
 // l reads the l-th share of the pages (ascending ids, so each lane's reads stay in file
 // order) on a ring of its own, makes its part of the plan (LanePlan) while its first reads
 // are in flight and places its pages as they arrive. Pages write disjoint output slots, so
@@ -231,8 +231,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
   };
   const unsigned lanes = static_cast<unsigned>(helpers->size()) + 1;
   std::vector<Lane> lane(lanes);
-  LanePlan lplan(f->ikeys, f->ilocs, f->refs, f->buf, f->def.fixed_width(), col, &f->plan, lanes);
-  LanePlan* const plan = &lplan;
+  LanePlan plan(f->ikeys, f->ilocs, f->refs, f->buf, f->def.fixed_width(), col, &f->plan, lanes);
   std::atomic<bool> stop{false};
   std::atomic<int> origin{-1};  // the lane whose error stopped the others
   auto run = [&](unsigned l, unsigned n) {
@@ -240,8 +239,8 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
     const std::vector<uint32_t> mine(pids.begin() + pids.size() * l / n, pids.begin() + pids.size() * (l + 1) / n);
     auto page = [&](uint32_t pid, const PageView& pv) -> Status {
       if (stop.load(std::memory_order_relaxed)) return Status::IOError("scan stopped: another of its threads failed");
-      plan->Share(l);
-      const bool planned = plan->Planned();
+      plan.Share(l);
+      const bool planned = plan.Planned();
       for (const auto& [i, j] : users.at(pid)) {
         SegmentView sv;
         RF_RETURN_IF_ERROR(segment(pid, pv, *f, j, &sv));
@@ -253,10 +252,10 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
     me.status = ring.Acquire();
     if (me.status.ok())
       me.status = read(ring.get(), mine, page, [&]() -> Status {
-        plan->Share(l);
+        plan.Share(l);
         return Status::OK();
       });
-    plan->Share(l);  // on every path: the other lanes wait for it
+    plan.Share(l);  // on every path: the other lanes wait for it
     if (!me.status.ok()) {
       int none = -1;
       origin.compare_exchange_strong(none, static_cast<int>(l));
@@ -267,7 +266,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
   run(0, lanes);
   helpers->Wait();
   f->planned = true;
-  f->place_failed = !plan->Planned();
+  f->place_failed = !plan.Planned();
   for (unsigned l = 0; l < lanes; l++) {
     f->place_failed |= lane[l].failed;
     *encoded += lane[l].encoded;

@@ -189,6 +189,8 @@ class StoreImpl final : public Store {
   // from holes. When the file allocates more than its pages in use, the tail is trimmed and
   // every free run punched.
   void ReturnLeftoverSlotsLocked() RF_REQUIRES(write_mu_);
+  // Punches the slots (ascending), a run per call; the slots punched (failures are counted).
+  uint64_t PunchSlotsLocked(const std::vector<uint32_t>& slots) RF_REQUIRES(write_mu_);
   // Gives back the page file's free tail (space allocated ahead for writes that are done),
   // at the end of an explicit flush and at close. Best effort, like hole punching.
   void TrimFileLocked() RF_REQUIRES(write_mu_);

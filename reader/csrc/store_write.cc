@@ -593,18 +593,23 @@ void StoreImpl::ReturnLeftoverSlotsLocked() {
     if (alloc <= (live + 16) * o_.page_size) return;
     free = pages_.FreeSlots();
   }
-  for (const PageRun& r : CoalescePages(free, UINT32_MAX)) {
-    if (!file_.Punch(r.first, r.count).ok()) punch_failures_++;
-    open_returned_slots_ += r.count;
+  open_returned_slots_ += PunchSlotsLocked(free);
+}
+
+uint64_t StoreImpl::PunchSlotsLocked(const std::vector<uint32_t>& slots) {
+  uint64_t punched = 0;
+  for (const PageRun& r : CoalescePages(slots, UINT32_MAX)) {
+    // Best effort: the slot is reusable either way (a failure only keeps its old bytes
+    // allocated), so it is counted in stats rather than failing the flush or the open.
+    if (o_.accounting) continue;
+    if (file_.Punch(r.first, r.count).ok()) punched += r.count;
+    else punch_failures_++;
   }
+  return punched;
 }
 
 void StoreImpl::ReturnFreeSlotsLocked(size_t max_kept) {
-  for (const PageRun& r : CoalescePages(pages_.ReturnKeptBeyond(max_kept), UINT32_MAX)) {
-    // Best effort: the slot is reusable either way (a failure only keeps its old bytes
-    // allocated), so it is counted in stats rather than failing the flush.
-    if (!o_.accounting && !file_.Punch(r.first, r.count).ok()) punch_failures_++;
-  }
+  PunchSlotsLocked(pages_.ReturnKeptBeyond(max_kept));
 }
 
 }  // namespace recflash

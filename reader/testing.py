@@ -60,6 +60,22 @@ def kill_point_hits() -> dict[str, int]:
     return dict(_t.kill_point_hits())
 
 
+def arm_pause_point(name: str) -> None:
+    """Hold the first thread that reaches pause point `name` until release_pause() (or
+    disarm()): a test makes a race happen by changing the store meanwhile. Points:
+    "scan.before_index_copy" (a scan's reads are in flight, its key index copy not taken)."""
+    _t.arm_pause_point(name)
+
+
+def wait_paused(timeout_s: float = 30.0) -> bool:
+    """Wait until a thread is held at the armed pause point (False after the timeout)."""
+    return bool(_t.wait_paused(timeout_s))
+
+
+def release_pause() -> None:
+    _t.release_pause()
+
+
 def track_power_loss(on: bool = True, seed: int = 0) -> None:
     """Start remembering what is written and not yet durable (call before opening the store)."""
     _t.track_power_loss(on, seed)

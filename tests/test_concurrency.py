@@ -177,7 +177,8 @@ def test_readers_see_consistent_snapshots(store_path, with_deletes):
         assert st["flushes"] >= len(calls) // 4
         # the readers really ran across merges (pages rewritten and released under them)
         assert st["merger"]["victims"] > 0 and st["merger"]["pages_released"] > 0, st["merger"]
-        print("concurrency:", [r.reads for r in readers], st["merger"], st["reclaimer"])
+        print("concurrency:", [r.reads for r in readers], "index copies past the snapshot:",
+              st["index_merge_fallbacks"], st["merger"], st["reclaimer"])
         assert time.monotonic() - t0 < 120
     finally:
         s.close()

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <algorithm>
@@ -64,9 +66,12 @@ std::map<std::string, uint64_t> g_kill_hits;
 bool g_tracking = false;
 std::mt19937_64 g_rng;
 std::map<std::string, FileState> g_files;
+std::string g_pause_name;  // armed pause point
+int g_pause_state = 0;     // 0: armed, no thread there yet; 1: a thread is held; 2: released
+std::condition_variable g_pause_cv;
 
 void RecomputeLocked() {
-  bool any = g_tracking || !g_kill_name.empty();
+  bool any = g_tracking || !g_kill_name.empty() || !g_pause_name.empty();
   for (const Armed& a : g_armed) any = any || a.on;
   // Counting calls (Calls()) is also useful with nothing armed: a test arms "count only".
   g_active.store(any, std::memory_order_relaxed);
@@ -141,6 +146,12 @@ void DisarmAll() {
   g_kill_hits.clear();
   g_tracking = false;
   g_files.clear();
+  if (g_pause_state == 1) {  // a held thread goes on (and disarms the point as it leaves)
+    g_pause_state = 2;
+    g_pause_cv.notify_all();
+  } else {
+    g_pause_name.clear();
+  }
   RecomputeLocked();
 }
 
@@ -177,6 +188,41 @@ void KillPointHit(const char* name) {
     due = DueLocked(name);
   }
   if (due) Die(name);
+}
+
+void PausePointHit(const char* name) {
+  std::unique_lock<std::mutex> l(g_mu);
+  if (g_pause_name != name || g_pause_state != 0) return;
+  g_pause_state = 1;
+  g_pause_cv.notify_all();
+  g_pause_cv.wait(l, [] { return g_pause_state == 2; });
+  g_pause_name.clear();
+  g_pause_state = 0;
+  RecomputeLocked();
+}
+
+void ArmPausePoint(const std::string& name) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_pause_name = name;
+  g_pause_state = 0;
+  RecomputeLocked();
+}
+
+bool WaitPaused(double timeout_s) {
+  std::unique_lock<std::mutex> l(g_mu);
+  return g_pause_cv.wait_for(l, std::chrono::duration<double>(timeout_s), [] { return g_pause_state == 1; });
+}
+
+void ReleasePause() {
+  std::lock_guard<std::mutex> l(g_mu);
+  if (g_pause_state == 1) {
+    g_pause_state = 2;
+    g_pause_cv.notify_all();
+  } else {
+    g_pause_name.clear();  // armed, never reached
+    g_pause_state = 0;
+    RecomputeLocked();
+  }
 }
 
 void Die(const char* name) {

@@ -58,6 +58,21 @@ bool KillPointDue(const char* name);
       ::recflash::fault::KillPointHit(name);                                             \
   } while (0)
 
+// Pause points: named places where a test holds a thread (the one that reaches the armed
+// point first) while it changes the store from another thread, to make a race happen
+// deterministically. Hit by RF_PAUSE_POINT; the held thread goes on at ReleasePause (or
+// DisarmAll). One point is armed at a time; it disarms itself once passed.
+void PausePointHit(const char* name);
+#define RF_PAUSE_POINT(name)                                                             \
+  do {                                                                                   \
+    if (__builtin_expect(::recflash::fault::g_active.load(std::memory_order_relaxed), 0)) \
+      ::recflash::fault::PausePointHit(name);                                            \
+  } while (0)
+void ArmPausePoint(const std::string& name);
+// Waits until a thread is held at the armed point; false after timeout_s without one.
+bool WaitPaused(double timeout_s);
+void ReleasePause();
+
 // Power-loss tracking hooks (no-ops unless tracking is on).
 bool Tracking();
 void BeforeOverwrite(const std::string& path, uint64_t offset, uint64_t len);  // in-place write

@@ -33,7 +33,7 @@ int64_t KeyIndex::FindFrom(uint64_t key, size_t* hint) const {
   return it - keys_.begin();
 }
 
-void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const {
+std::pair<size_t, size_t> KeyIndex::Range(uint64_t lo, uint64_t hi) const {
   size_t a, z;
   if (dense_) {
     const uint64_t n = locs_.size();
@@ -43,7 +43,16 @@ void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<ui
     a = std::lower_bound(keys_.begin(), keys_.end(), lo) - keys_.begin();
     z = hi == UINT64_MAX ? keys_.size() : std::lower_bound(keys_.begin(), keys_.end(), hi) - keys_.begin();
   }
-  if (z < a) z = a;
+  return {a, std::max(a, z)};
+}
+
+size_t KeyIndex::CountRange(uint64_t lo, uint64_t hi) const {
+  const auto [a, z] = Range(lo, hi);
+  return z - a;
+}
+
+void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const {
+  const auto [a, z] = Range(lo, hi);
   if (dense_) {
     keys->resize(z - a);
     for (size_t i = a; i < z; i++) (*keys)[i - a] = base_ + i;

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reader/csrc/column.h"
@@ -77,6 +78,8 @@ class KeyIndex {
   // Into reused read buffers (HVec): a fresh vector per scan faulted in its memory page by
   // page, ~100 µs of a 40 k-key scan's time before its reads were even submitted.
   void CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const;
+  // How many entries CopyRange(lo, hi) copies (two binary searches).
+  size_t CountRange(uint64_t lo, uint64_t hi) const;
   // Removes the entries whose positions are listed (ascending).
   void Erase(const std::vector<size_t>& positions);
   // Checkpoint form (clean shutdown): appended to / parsed from a byte string.
@@ -100,6 +103,8 @@ class KeyIndex {
   bool dense() const { return dense_; }
 
  private:
+  // The positions [a, z) of the entries with lo <= key < hi.
+  std::pair<size_t, size_t> Range(uint64_t lo, uint64_t hi) const;
   void Materialize();
   bool deferred_ = false;
   uint64_t deferred_items_ = 0;

@@ -418,29 +418,48 @@ void IndexPlanner::Finish() {
 }
 
 LanePlan::LanePlan(const HVec<uint64_t>& ik, const HVec<uint32_t>& il, const std::vector<PageRef>& refs,
-                   const BufferedItems& b, uint32_t w, ColumnData* col, IndexPlan* plan, unsigned lanes)
-    : planner_(ik, il, refs, b, w, col, plan, lanes), lanes_(lanes), shared_(lanes, 0) {}
+                   const BufferedItems& b, uint32_t w, ColumnData* col, IndexPlan* plan, unsigned lanes,
+                   std::function<bool()> prepare)
+    : ik_(ik),
+      il_(il),
+      refs_(refs),
+      buf_(b),
+      w_(w),
+      col_(col),
+      iplan_(plan),
+      lanes_(lanes),
+      prepare_(std::move(prepare)),
+      shared_(lanes, 0) {}
 
 void LanePlan::Share(unsigned l) {
   if (shared_[l]) return;
   shared_[l] = 1;
-  const unsigned parts = planner_.parts();
+  if (l == 0) {
+    const bool ok = !prepare_ || prepare_();
+    if (ok) planner_.emplace(ik_, il_, refs_, buf_, w_, col_, iplan_, lanes_);
+    ready_ = ok ? 1 : 2;
+    ready_.notify_all();
+  } else {
+    while (ready_.load() == 0) ready_.wait(0);
+  }
+  const bool ready = ready_.load() == 1;
+  const unsigned parts = ready ? planner_->parts() : 0;
   if (l < parts) {
-    if (!planner_.Refs(l)) refs_ok_ = false;
+    if (!planner_->Refs(l)) refs_ok_ = false;
     refs_done_.fetch_add(1);
     refs_done_.notify_all();
   }
   if (l == 0) {
     for (unsigned d = refs_done_.load(); d < parts; d = refs_done_.load()) refs_done_.wait(d);
-    sized_ = refs_ok_.load() && planner_.Size() ? 1 : 2;
+    sized_ = ready && refs_ok_.load() && planner_->Size() ? 1 : 2;
     sized_.notify_all();
   } else {
     while (sized_.load() == 0) sized_.wait(0);
   }
   const bool ok = sized_.load() == 1;
-  if (ok && l < parts) planner_.Slots(l);
+  if (ok && l < parts) planner_->Slots(l);
   if (shares_done_.fetch_add(1) + 1 == lanes_) {  // the last share: every part's slots are written
-    if (ok) planner_.Finish();
+    if (ok) planner_->Finish();
     planned_ = ok ? 1 : 2;
     planned_.notify_all();
   }

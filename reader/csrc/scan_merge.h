@@ -18,6 +18,8 @@
 #include <atomic>
 #include <cstring>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -163,10 +165,14 @@ class IndexPlanner {
 // Share(l) runs lane l's parts of the plan and waits for the other lanes only between the
 // passes, so it returns once every lane has called Share; each lane must therefore call it
 // on every path (also when its reads failed), or the others wait forever.
+// `prepare`, when given, runs first, on lane 0 (the scan's own thread, with its first reads
+// in flight): it fills the index copy the plan reads, or returns false when it cannot (the
+// plan then fails as when index and pages disagree).
 class LanePlan {
  public:
   LanePlan(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs, const std::vector<PageRef>& refs,
-           const BufferedItems& buf, uint32_t width, ColumnData* col, IndexPlan* plan, unsigned lanes);
+           const BufferedItems& buf, uint32_t width, ColumnData* col, IndexPlan* plan, unsigned lanes,
+           std::function<bool()> prepare = nullptr);
   // Lane l's share (lane l's thread only; later calls return at once).
   void Share(unsigned l);
   // Waits until every lane's share is done: whether the plan holds (false: index and pages
@@ -174,9 +180,18 @@ class LanePlan {
   bool Planned();
 
  private:
-  IndexPlanner planner_;
+  const HVec<uint64_t>& ik_;
+  const HVec<uint32_t>& il_;
+  const std::vector<PageRef>& refs_;
+  const BufferedItems& buf_;
+  const uint32_t w_;
+  ColumnData* const col_;
+  IndexPlan* const iplan_;
   const unsigned lanes_;
+  const std::function<bool()> prepare_;
+  std::optional<IndexPlanner> planner_;  // made by lane 0 once the index copy is there
   std::vector<uint8_t> shared_;  // per lane, written by its own thread only
+  std::atomic<int> ready_{0};    // 0: not yet; 1: the planner is made; 2: prepare failed
   std::atomic<unsigned> refs_done_{0};
   std::atomic<bool> refs_ok_{true};
   std::atomic<int> sized_{0};  // 0: not yet; 1: sized; 2: the index and the pages disagree

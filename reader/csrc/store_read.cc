@@ -1,6 +1,7 @@
 #include "reader/csrc/store_impl.h"
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/fault_injection.h"
 #include "reader/csrc/scan_merge.h"
 #include "reader/csrc/store_internal.h"
 
@@ -70,7 +71,10 @@ struct ScanFeature {
   BufferedItems buf;
   // Sparse-key features whose pages overlap (after updates) are resolved through a private
   // copy of their key index (see MergeByIndex).
+  // The copy is taken once the first reads are in flight (see copy_indexes in ScanPass);
+  // `index_entries` is its size, counted with the snapshot.
   bool indexed = false;
+  size_t index_entries = 0;
   HVec<uint64_t> ikeys;
   HVec<uint32_t> ilocs;
   // Index placement (fixed width, see IndexPlan): the merge done as pages arrive. `placed`
@@ -218,11 +222,12 @@ constexpr size_t kLaneMinPages = 8;
 // Index placement of one feature on the scan's thread and the claimed helpers: lane
 // l reads the l-th share of the pages (ascending ids, so each lane's reads stay in file
 // order) on a ring of its own, makes its part of the plan (LanePlan) while its first reads
-// are in flight and places its pages as they arrive. Pages write disjoint output slots, so
+// are in flight and places its pages as they arrive. Lane 0 takes the index copy
+// (`copy_index`) before the plan. Pages write disjoint output slots, so
 // the lanes share nothing else. A lane's read error stops the others at their next page.
 Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const std::vector<uint32_t>& pids, const PageUsers& users,
                          ScanFeature* f, ColumnData* col, const LaneReadFn& read, const SegmentFn& segment,
-                         double* encoded) {
+                         const std::function<bool()>& copy_index, double* encoded) {
   struct Lane {
     std::vector<uint64_t> scratch;
     double encoded = 0;
@@ -231,7 +236,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
   };
   const unsigned lanes = static_cast<unsigned>(helpers->size()) + 1;
   std::vector<Lane> lane(lanes);
-  LanePlan plan(f->ikeys, f->ilocs, f->refs, f->buf, f->def.fixed_width(), col, &f->plan, lanes);
+  LanePlan plan(f->ikeys, f->ilocs, f->refs, f->buf, f->def.fixed_width(), col, &f->plan, lanes, copy_index);
   std::atomic<bool> stop{false};
   std::atomic<int> origin{-1};  // the lane whose error stopped the others
   auto run = [&](unsigned l, unsigned n) {
@@ -281,8 +286,9 @@ Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, u
   std::vector<size_t> redo;
   RF_RETURN_IF_ERROR(ScanPass(names, lo, hi, true, out, st, &redo));
   if (redo.empty()) return Status::OK();
-  // A page disagreed with the key index copy (see IndexPlan): those features again, merged
-  // from page chunks, which resolve versions by seq without trusting the index.
+  // A page disagreed with the key index copy (see IndexPlan), or a writer changed the index
+  // before the scan copied it: those features again, merged from page chunks, which resolve
+  // versions by seq without trusting the index.
   std::vector<std::string> again;
   for (size_t i : redo) again.push_back(names[i]);
   std::vector<ColumnData> cols;
@@ -335,8 +341,8 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   out->assign(nf, ColumnData());
   std::shared_ptr<const Version> v;
   {
-    // The buffered items and the index copies are taken with the version under mu_, so all
-    // describe the same state.
+    // The buffered items are taken with the version under mu_, so both describe the same
+    // state; the index copies are taken later (copy_indexes), checked against it.
     MutexLock l(&mu_);
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
     versions_.AssertHeld();
@@ -349,7 +355,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       if (!f || f->index.dense() || f->index_lazy) continue;
       // Direct placement or a plain concatenation; dense placement.
       if (!WantsIndex(v->refs(sf.def.id), sf.def, lo, hi == UINT64_MAX ? UINT64_MAX : hi - 1)) continue;
-      f->index.CopyRange(lo, hi, &sf.ikeys, &sf.ilocs);
+      sf.index_entries = f->index.CountRange(lo, hi);
       sf.indexed = true;
     }
   }
@@ -373,9 +379,43 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   std::sort(pids.begin(), pids.end());
   if (nf == 1 && fs[0].dense_placed)
     OrderRunsByLowestKey(fs[0], users, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size), &pids);
+  // The index copies, taken once the first reads are in flight rather than before them:
+  // copying a 70 k-entry feature's index took ~160 µs (its reads ~2.5 ms), all of it before
+  // the first read was submitted. They must describe the snapshot v. A writer changes the
+  // index under mu_ between setting index_ahead_ and installing the next version, so an
+  // unchanged version with index_ahead_ clear means an unchanged index; otherwise the
+  // index-placed features are read again by the chunk merges (ScanMany's redo), which
+  // resolve versions by seq.
+  int index_copy = 0;  // 0: not yet; 1: copied; 2: the index moved past the snapshot
+  auto copy_indexes = [&]() -> bool {
+    if (index_copy != 0) return index_copy == 1;
+    bool any = false;
+    for (const ScanFeature& sf : fs) any |= sf.indexed;
+    if (!any) {
+      index_copy = 1;
+      return true;
+    }
+    RF_PAUSE_POINT("scan.before_index_copy");
+    MutexLock l(&mu_);
+    versions_.AssertHeld();
+    const bool same = !closed_ && !index_ahead_ && versions_.current()->number == v->number;
+    for (ScanFeature& sf : fs) {
+      if (!sf.indexed) continue;
+      const FeatureState* f = same ? ReaderFeatures().Get(sf.def.id) : nullptr;
+      if (f && !f->index.dense() && !f->index_lazy) {
+        f->index.CopyRange(lo, hi, &sf.ikeys, &sf.ilocs);
+        continue;
+      }
+      sf.indexed = false;
+      if (sf.placed) sf.planned = sf.place_failed = true;
+    }
+    index_copy = same ? 1 : 2;
+    return same;
+  };
   std::vector<uint64_t> scratch;  // a page's decoded keys (index and dense placement)
   auto plan = [&](size_t i) {
     ScanFeature& f = fs[i];
+    if (!copy_indexes() && f.planned) return;
     f.planned = true;
     if (!PlanIndexPlacement(f.ikeys, f.ilocs, f.refs, f.buf, f.def.fixed_width(), &(*out)[i], &f.plan))
       f.place_failed = true;
@@ -433,6 +473,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   // behind them: a plan walks the feature's whole index copy, as long as its pages take to read.
   size_t next_plan = 0;
   auto idle = [&]() -> Status {
+    copy_indexes();
     for (; next_plan < nf; next_plan++)
       if (fs[next_plan].placed && !fs[next_plan].planned) {
         plan(next_plan++);
@@ -440,9 +481,9 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       }
     return Status::OK();
   };
-  bool any_placed = false;
-  for (const ScanFeature& f : fs) any_placed |= f.placed;
-  const unsigned lanes = lane_helpers_ && nf == 1 && fs[0].placed && fs[0].ikeys.size() >= kLaneMinEntries
+  bool any_indexed = false;
+  for (const ScanFeature& f : fs) any_indexed |= f.indexed;
+  const unsigned lanes = lane_helpers_ && nf == 1 && fs[0].placed && fs[0].index_entries >= kLaneMinEntries
                             ? static_cast<unsigned>(std::min<size_t>(o_.scan_threads, pids.size() / kLaneMinPages))
                             : 1;
   LaneHelpers::Claim helpers = lanes > 1 ? lane_helpers_->Acquire(lanes - 1) : LaneHelpers::Claim();
@@ -451,14 +492,16 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       return ReadPages(r, p, fn, idle);
     };
     lane_scans_++;
-    Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, &encoded);
+    Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
+                                  &encoded);
     if (!rs.ok()) return ExplainReadFailure(rs);
   } else if (!pids.empty()) {
     RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
-    Status rs = ReadPages(ring.get(), pids, cb, any_placed ? IoRing::IdleFn(idle) : IoRing::IdleFn());
+    Status rs = ReadPages(ring.get(), pids, cb, any_indexed ? IoRing::IdleFn(idle) : IoRing::IdleFn());
     if (!rs.ok()) return ExplainReadFailure(rs);
   }
+  copy_indexes();  // (no reads: nothing in the range)
 
   uint64_t useful = 0, items = 0;
   for (size_t i = 0; i < nf; i++) {

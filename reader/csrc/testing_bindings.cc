@@ -197,6 +197,12 @@ void RegisterTestingBindings(py::module_& parent) {
     for (auto& [k, v] : fault::KillPointHits()) d[py::str(k)] = v;
     return d;
   });
+  m.def("arm_pause_point", &fault::ArmPausePoint, py::arg("name"));
+  m.def("wait_paused", [](double timeout_s) {
+    py::gil_scoped_release nogil;
+    return fault::WaitPaused(timeout_s);
+  }, py::arg("timeout_s"));
+  m.def("release_pause", &fault::ReleasePause);
   m.def("track_power_loss", &fault::SetTracking, py::arg("on"), py::arg("seed") = 0);
   m.def("power_loss", [](int code) { fault::PowerLoss(code); }, py::arg("exit_code") = 86);
   m.def("status_to_string", [](int code, const std::string& msg) { return StatusOf(code, msg).ToString(); });

@@ -3,12 +3,13 @@
 // hiding older versions — and the index walk must refuse an index that disagrees.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <random>
 #include <thread>
-#include <algorithm>
 
 #include "reader/csrc/format.h"
 #include "reader/csrc/key_index.h"
@@ -270,7 +271,8 @@ TEST(ScanMerge, IndexPlacementAgreesWithBruteForce) {
 
 // The plan made by several lanes on threads of their own (LanePlan) equals the one made on
 // one thread, slot for slot; placing the pages then gives the chunk merges' output. Each
-// scenario also runs without its buffered items, where the plan is split into parts.
+// scenario also runs without its buffered items, where the plan is split into parts. The
+// index copy is empty until lane 0's `prepare` fills it, as a scan takes it.
 TEST(ScanMerge, LanePlanOnThreadsEqualsOneThread) {
   FeatureDef d;
   d.id = 1;
@@ -291,7 +293,13 @@ TEST(ScanMerge, LanePlanOnThreadsEqualsOneThread) {
     for (unsigned lanes : {2u, 3u, 7u}) {
       ColumnData col;
       IndexPlan plan;
-      LanePlan lp(ik, il, refs, sc.buf, 8, &col, &plan, lanes);
+      HVec<uint64_t> copy_k;
+      HVec<uint32_t> copy_l;
+      LanePlan lp(copy_k, copy_l, refs, sc.buf, 8, &col, &plan, lanes, [&] {
+        copy_k.assign(ik.begin(), ik.end());
+        copy_l.assign(il.begin(), il.end());
+        return true;
+      });
       std::vector<std::thread> ts;
       for (unsigned l = 1; l < lanes; l++) ts.emplace_back([&lp, l] {
         lp.Share(l);
@@ -335,6 +343,32 @@ TEST(ScanMerge, LanePlanRefusalReachesEveryLane) {
     LanePlan lp(ik, il, ValidRefs(sc.cs), Buffer({}), 8, &col, &plan, 3);
     std::vector<std::thread> ts;
     for (unsigned l = 1; l < 3; l++) ts.emplace_back([&lp, l] {
+      lp.Share(l);
+      EXPECT_FALSE(lp.Planned());
+    });
+    lp.Share(0);
+    EXPECT_FALSE(lp.Planned());
+    for (std::thread& t : ts) t.join();
+  }
+}
+
+// Lane 0's `prepare` cannot take the index copy (a writer moved the index past the scan's
+// snapshot): the plan fails on every lane, helpers that reach Share first included.
+TEST(ScanMerge, LanePlanPrepareRefusalReachesEveryLane) {
+  const Scenario sc = Scenarios()[3];
+  HVec<uint64_t> ik;
+  HVec<uint32_t> il;
+  for (unsigned lanes : {2u, 4u}) {
+    ColumnData col;
+    IndexPlan plan;
+    std::atomic<unsigned> waiting{0};
+    LanePlan lp(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan, lanes, [&] {
+      while (waiting.load() + 1 < lanes) std::this_thread::yield();  // the helpers are in Share
+      return false;
+    });
+    std::vector<std::thread> ts;
+    for (unsigned l = 1; l < lanes; l++) ts.emplace_back([&lp, &waiting, l] {
+      waiting++;
       lp.Share(l);
       EXPECT_FALSE(lp.Planned());
     });

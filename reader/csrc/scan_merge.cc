@@ -485,9 +485,10 @@ namespace {
 template <uint32_t kW>
 bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* s, size_t m, ColumnData* col,
                    std::vector<uint64_t>* scratch) {
-  scratch->resize(sv.count);
+  scratch->resize(sv.count + 4);
   uint64_t* pk = scratch->data();
   sv.DecodeKeys(pk);
+  for (uint32_t i = 0; i < 4; i++) pk[sv.count + i] = UINT64_MAX;  // ends the skips below
   uint8_t* vp = col->values.data();
   const uint32_t w = kW ? kW : sv.width;
   const uint8_t* src = sv.values;
@@ -507,9 +508,15 @@ bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* s, size_t m, Co
   const bool tombs = sv.tomb != nullptr;
   for (size_t t = 0; t < m; t++) {
     const uint64_t key = s[t].key;
-    // Stale records (older versions the index no longer names) are skipped on the way.
-    while (r < cn && pk[r] < key) r++;
-    if (r == cn || pk[r] != key || (tombs && sv.is_tomb(r))) return false;
+    // Stale records (older versions the index no longer names) are skipped on the way, four
+    // at a time: keys ascend, so how many of the next four are below `key` is how far to
+    // move. A loop per record mispredicted its exit at every run of stale records.
+    for (;;) {
+      const uint32_t below = static_cast<uint32_t>(pk[r] < key) + (pk[r + 1] < key) + (pk[r + 2] < key) + (pk[r + 3] < key);
+      r += below;
+      if (below < 4) break;
+    }
+    if (r >= cn || pk[r] != key || (tombs && sv.is_tomb(r))) return false;
     std::memcpy(vp + s[t].pos * w, src + static_cast<size_t>(r) * w, w);
     r++;
   }

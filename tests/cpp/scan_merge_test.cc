@@ -140,6 +140,15 @@ std::vector<Scenario> Scenarios() {
   v.push_back(std::move(dense));
   // Only buffered items.
   v.push_back({{}, Buffer({{1, 1}, {2, std::nullopt}, {3, 3}})});
+  // Runs of stale records longer than the placement's four-record skips, at a page's start
+  // and end, and keys up to the largest one.
+  std::vector<uint64_t> old_keys, new_keys;
+  for (uint64_t k = 10; k < 40; k++) old_keys.push_back(k);
+  for (uint64_t k = UINT64_MAX - 9; k != 0; k++) old_keys.push_back(k);  // ... UINT64_MAX
+  for (uint64_t k = 10; k < 19; k++) new_keys.push_back(k);
+  for (uint64_t k = 25; k < 31; k++) new_keys.push_back(k);
+  for (uint64_t k = UINT64_MAX - 6; k != UINT64_MAX; k++) new_keys.push_back(k);
+  v.push_back({{Chunk(1, old_keys), Chunk(2, new_keys)}, Buffer({})});
   return v;
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "reader/csrc/crc32c.h"
+#include "reader/csrc/varint.h"
 
 namespace recflash {
 
@@ -691,10 +692,7 @@ void SegmentView::DecodeKeys(uint64_t* out) const {
   const uint8_t* const end = keys + keys_bytes;
   uint64_t prev = min_key;
   uint32_t i = 0;
-  // Word-at-a-time: while 8 bytes are readable, one load finds the varint's length (first
-  // byte with the high bit clear) and gathers its 7-bit groups with shifts and masks — no
-  // per-byte branch. Sparse 64-bit keys have 5-8 byte deltas, where the byte loop dominated
-  // the scan's CPU time.
+  // Word-at-a-time (varint.h) while 8 bytes are readable.
   for (; i < count && end - p >= 8; i++) {
     uint64_t x;
     std::memcpy(&x, p, 8);
@@ -709,13 +707,9 @@ void SegmentView::DecodeKeys(uint64_t* out) const {
       p += 8;
       continue;
     }
-    const uint64_t stop = ~x & 0x8080808080808080ull;
-    if (!stop) break;  // a 9- or 10-byte varint: the byte loop below takes it
-    const int len = (__builtin_ctzll(stop) >> 3) + 1;
-    if (len < 8) x &= (1ull << (8 * len)) - 1;
-    const uint64_t v = (x & 0x7full) | ((x >> 1) & 0x3f80ull) | ((x >> 2) & 0x1fc000ull) |
-                       ((x >> 3) & 0xfe00000ull) | ((x >> 4) & 0x7f0000000ull) | ((x >> 5) & 0x3f800000000ull) |
-                       ((x >> 6) & 0x1fc0000000000ull) | ((x >> 7) & 0xfe000000000000ull);
+    int len;
+    const uint64_t v = GatherVarint(x, &len);
+    if (!len) break;  // a 9- or 10-byte varint: the byte loop below takes it
     p += len;
     prev += v;
     out[i] = prev;

@@ -86,11 +86,13 @@ class KeyIndex {
   void Serialize(std::string* out) const;
   // Whether a Serialize output holds a dense run (read without decoding it).
   static bool SerializedDense(const std::string& blob) { return !blob.empty() && blob[0] == 1; }
+  // Whether a Serialize output holds dense keys (a dense run, or deferred: one).
+  static bool SerializedDenseKeys(const std::string& blob) { return !blob.empty() && (blob[0] == 1 || blob[0] == 2); }
   bool Deserialize(const char** p, const char* end);
   // What a serialized index claims, read without decoding its keys: enough for the
   // checkpoint loader to check it against the page table before trusting it.
   struct Summary {
-    uint8_t mode = 0;          // 0 key runs, 1 dense run, 2 deferred
+    uint8_t mode = 0;          // 0 key runs, 1 dense run, 2 deferred, 3 raw keys
     bool track_lens = false;
     uint64_t entries = 0;      // index entries (tombstones included); deferred: items
     const uint32_t* runs = nullptr;  // (location, count) pairs, unaligned: read with memcpy

@@ -167,7 +167,7 @@ std::string StoreImpl::StatsJson() {
     j.KV("fragmentation", FragmentationDegree(*f, pages_, ps));
     j.KV("key_index_bytes", static_cast<double>(f->index_lazy ? f->index_blob.size() : f->index.MemoryBytes()));
     j.Key("dense_keys");
-    j.Bool(f->index_lazy ? (!f->index_blob.empty() && f->index_blob[0] != 0) : f->index.dense());
+    j.Bool(f->index_lazy ? KeyIndex::SerializedDenseKeys(f->index_blob) : f->index.dense());
     j.Close();
   }
   j.Close();

@@ -1,6 +1,9 @@
 // KeyIndex: dense and sparse keys, ascending probes, erase, deferral, checkpoint round trip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+
 #include "reader/csrc/key_index.h"
 
 namespace recflash {
@@ -78,8 +81,11 @@ TEST(KeyIndex, DeferredTracksOnlyTheLastKey) {
 }
 
 TEST(KeyIndex, CheckpointRoundTripAndSkip) {
-  for (bool dense : {true, false}) {
-    KeyIndex idx = dense ? Build({100, 101, 102}, true) : Build({3, 30, 300, 3000}, true);
+  // A dense run; near ids (varint runs); sparse 64-bit keys, up to the largest (raw keys).
+  const std::vector<uint64_t> sparse = {1ull << 40, 3ull << 50, 1ull << 62, UINT64_MAX - 1, UINT64_MAX};
+  for (int kind : {0, 1, 2}) {
+    KeyIndex idx = kind == 0 ? Build({100, 101, 102}, true) : kind == 1 ? Build({3, 30, 300, 3000}, true)
+                                                                         : Build(sparse, true);
     idx.set_loc(1, 42 | KeyIndex::kTomb);
     std::string blob;
     idx.Serialize(&blob);
@@ -100,6 +106,19 @@ TEST(KeyIndex, CheckpointRoundTripAndSkip) {
     const char* r = blob.data();
     KeyIndex cut;
     EXPECT_FALSE(cut.Deserialize(&r, blob.data() + 3));  // truncated
+    if (kind == 2) {
+      EXPECT_EQ(blob[0], 3) << "sparse keys are stored raw";
+      const char* s = blob.data();
+      EXPECT_FALSE(cut.Deserialize(&s, blob.data() + 18 + 8 * 3));  // cut inside the keys
+      const char* t = blob.data();
+      EXPECT_FALSE(KeyIndex::Skip(&t, blob.data() + 18 + 8 * 3));
+      std::string swapped = blob;  // two keys out of order: refused, not a broken index
+      std::swap_ranges(swapped.begin() + 18, swapped.begin() + 26, swapped.begin() + 26);
+      const char* u = swapped.data();
+      EXPECT_FALSE(cut.Deserialize(&u, swapped.data() + swapped.size()));
+    } else {
+      EXPECT_NE(blob[0], 3);
+    }
   }
 }
 

@@ -70,9 +70,8 @@ struct ScanFeature {
   FeatureDef def;
   BufferedItems buf;
   // Sparse-key features whose pages overlap (after updates) are resolved through a private
-  // copy of their key index (see MergeByIndex).
-  // The copy is taken once the first reads are in flight (see copy_indexes in ScanPass);
-  // `index_entries` is its size, counted with the snapshot.
+  // copy of their key index (see MergeByIndex), taken once the first reads are in flight
+  // (copy_indexes in ScanPass); `index_entries` is its size, counted with the snapshot.
   bool indexed = false;
   size_t index_entries = 0;
   HVec<uint64_t> ikeys;

@@ -420,15 +420,11 @@ void IndexPlanner::Finish() {
 LanePlan::LanePlan(const HVec<uint64_t>& ik, const HVec<uint32_t>& il, const std::vector<PageRef>& refs,
                    const BufferedItems& b, uint32_t w, ColumnData* col, IndexPlan* plan, unsigned lanes,
                    std::function<bool()> prepare)
-    : ik_(ik),
-      il_(il),
-      refs_(refs),
-      buf_(b),
-      w_(w),
-      col_(col),
-      iplan_(plan),
-      lanes_(lanes),
+    : lanes_(lanes),
       prepare_(std::move(prepare)),
+      make_planner_([this, &ik, &il, &refs, &b, w, col, plan, lanes] {
+        planner_.emplace(ik, il, refs, b, w, col, plan, lanes);
+      }),
       shared_(lanes, 0) {}
 
 void LanePlan::Share(unsigned l) {
@@ -436,7 +432,7 @@ void LanePlan::Share(unsigned l) {
   shared_[l] = 1;
   if (l == 0) {
     const bool ok = !prepare_ || prepare_();
-    if (ok) planner_.emplace(ik_, il_, refs_, buf_, w_, col_, iplan_, lanes_);
+    if (ok) make_planner_();
     ready_ = ok ? 1 : 2;
     ready_.notify_all();
   } else {

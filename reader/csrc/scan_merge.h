@@ -180,16 +180,10 @@ class LanePlan {
   bool Planned();
 
  private:
-  const HVec<uint64_t>& ik_;
-  const HVec<uint32_t>& il_;
-  const std::vector<PageRef>& refs_;
-  const BufferedItems& buf_;
-  const uint32_t w_;
-  ColumnData* const col_;
-  IndexPlan* const iplan_;
   const unsigned lanes_;
   const std::function<bool()> prepare_;
-  std::optional<IndexPlanner> planner_;  // made by lane 0 once the index copy is there
+  const std::function<void()> make_planner_;  // the constructor's inputs, bound
+  std::optional<IndexPlanner> planner_;       // made by lane 0 once the index copy is there
   std::vector<uint8_t> shared_;  // per lane, written by its own thread only
   std::atomic<int> ready_{0};    // 0: not yet; 1: the planner is made; 2: prepare failed
   std::atomic<unsigned> refs_done_{0};

@@ -385,15 +385,11 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   // unchanged version with index_ahead_ clear means an unchanged index; otherwise the
   // index-placed features are read again by the chunk merges (ScanMany's redo), which
   // resolve versions by seq.
-  int index_copy = 0;  // 0: not yet; 1: copied; 2: the index moved past the snapshot
+  bool any_indexed = false;
+  for (const ScanFeature& f : fs) any_indexed |= f.indexed;
+  int index_copy = any_indexed ? 0 : 1;  // 0: not yet; 1: copied (or none); 2: the index moved past the snapshot
   auto copy_indexes = [&]() -> bool {
     if (index_copy != 0) return index_copy == 1;
-    bool any = false;
-    for (const ScanFeature& sf : fs) any |= sf.indexed;
-    if (!any) {
-      index_copy = 1;
-      return true;
-    }
     RF_PAUSE_POINT("scan.before_index_copy");
     MutexLock l(&mu_);
     versions_.AssertHeld();
@@ -480,8 +476,6 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       }
     return Status::OK();
   };
-  bool any_indexed = false;
-  for (const ScanFeature& f : fs) any_indexed |= f.indexed;
   const unsigned lanes = lane_helpers_ && nf == 1 && fs[0].placed && fs[0].index_entries >= kLaneMinEntries
                             ? static_cast<unsigned>(std::min<size_t>(o_.scan_threads, pids.size() / kLaneMinPages))
                             : 1;

@@ -1,13 +1,18 @@
 """Recovery paths of the store: the clean-shutdown checkpoint and the full rebuild from pages.
 
 A clean close() writes CHECKPOINT (key indexes and valid counts) so that reopening reads no
-pages; open() consumes it. Any doubt about it — stale, corrupt, missing — must fall back to the
-rebuild from pages and still give exactly the same store."""
+pages. A writer keeps the checkpoint it loaded while it commits nothing (close then leaves it
+as it is) and deletes it before its first commit, so a crash never meets a checkpoint of an
+older state. Any doubt about it — stale, corrupt, missing — must fall back to the rebuild from
+pages and still give exactly the same store."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -48,7 +53,7 @@ def test_clean_reopen_uses_checkpoint_and_matches_rebuild(store_path):
     with Store.open(store_path, small_options()) as s:
         assert s.stats()["opened_from_checkpoint"] is True
         assert s.stats()["pages_read"] == 0
-        assert not os.path.exists(os.path.join(store_path, "CHECKPOINT")), "open must consume the checkpoint"
+        assert s.stats()["checkpoint_current"] is True  # kept: it still describes the store
         via_checkpoint = _snapshot(s)
     os.remove(os.path.join(store_path, "CHECKPOINT"))
     with Store.open(store_path, small_options()) as s:
@@ -56,6 +61,97 @@ def test_clean_reopen_uses_checkpoint_and_matches_rebuild(store_path):
         assert s.stats()["pages_read"] > 0
         via_rebuild = _snapshot(s)
     assert via_checkpoint == via_rebuild
+
+
+def _file_identity(path: str) -> tuple:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def test_writer_that_commits_nothing_keeps_the_checkpoint(store_path):
+    rng = np.random.default_rng(11)
+    with Store.open(store_path, small_options()) as s:
+        _fill(s, rng)
+    ckpt = os.path.join(store_path, "CHECKPOINT")
+    before = _file_identity(ckpt)
+    # A session that only reads: the checkpoint is neither deleted at open nor rewritten at close.
+    s = Store.open(store_path, small_options())
+    expected = _snapshot(s)
+    s.get("a", np.arange(100, dtype=np.uint64))
+    st = s.stats()
+    assert st["opened_from_checkpoint"] is True and st["checkpoint_current"] is True
+    assert st["checkpoints_written"] == 0
+    s.close()
+    assert _file_identity(ckpt) == before
+    # The next session still opens from it, and sees the same store.
+    s = Store.open(store_path, small_options())
+    assert s.stats()["opened_from_checkpoint"] is True
+    assert _snapshot(s) == expected
+    # The first commit retires it before it lands; close writes the new state's.
+    s.put("c", np.arange(3000, dtype=np.uint64), np.full(3000, -5, dtype=np.int64))  # beyond what pins
+    assert os.path.exists(ckpt)  # buffered only: nothing committed yet
+    s.flush()
+    assert not os.path.exists(ckpt)
+    assert s.stats()["checkpoint_current"] is False
+    expected = _snapshot(s)
+    s.close()
+    assert _file_identity(ckpt) != before
+    with Store.open(store_path, small_options()) as s:
+        assert s.stats()["opened_from_checkpoint"] is True
+        assert _snapshot(s) == expected
+
+
+def test_create_feature_retires_the_checkpoint(store_path):
+    with Store.open(store_path, small_options()) as s:
+        _fill(s, np.random.default_rng(12), rounds=5)
+    with Store.open(store_path, small_options()) as s:
+        assert s.stats()["opened_from_checkpoint"] is True
+        s.create_feature("d", "int64")
+        assert not os.path.exists(os.path.join(store_path, "CHECKPOINT"))
+    with Store.open(store_path, small_options()) as s:
+        assert s.stats()["opened_from_checkpoint"] is True
+        assert s.scan("d").num_rows == 0 and "d" in s.features()
+
+
+CRASH_AFTER_LOAD = textwrap.dedent(
+    r'''
+    import sys
+    import numpy as np
+    from recflash.reader import Store, testing
+    from storeutil import small_options
+    path, point = sys.argv[1], sys.argv[2]
+    s = Store.open(path, small_options())
+    assert s.stats()["opened_from_checkpoint"], "the child must start from the checkpoint"
+    testing.arm_kill_point(point, 1)
+    s.put("c", np.arange(5000, 8000, dtype=np.uint64), np.full(3000, 77, dtype=np.int64))
+    s.flush()
+    raise SystemExit("the kill point did not fire")
+    '''
+)
+
+
+@pytest.mark.parametrize("point", ["meta.commit.before", "meta.commit.after"])
+def test_crash_after_a_checkpointed_open_rebuilds(store_path, point):
+    """A writer that loaded the checkpoint and dies around its first commit: the next open
+    must not take that checkpoint (it describes the state before the commit)."""
+    with Store.open(store_path, small_options()) as s:
+        _fill(s, np.random.default_rng(13), rounds=10)
+        before = _snapshot(s)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-P", "-c", CRASH_AFTER_LOAD, store_path, point], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "did not fire" not in r.stderr, r.stderr[-2000:]
+    assert not os.path.exists(os.path.join(store_path, "CHECKPOINT"))
+    with Store.open(store_path, small_options()) as s:
+        st = s.stats()
+        assert st["opened_from_checkpoint"] is False
+        after = _snapshot(s)
+    # The flush synced the WAL before its commit: the puts survive either way (replayed or
+    # committed), on top of exactly the state before.
+    c = {row["key"]: row["value"] for row in after["tables"]["c"]}
+    assert all(c[k] == 77 for k in range(5000, 8000))
+    assert after["tables"]["a"] == before["tables"]["a"] and after["tables"]["b"] == before["tables"]["b"]
+    assert [row for row in after["tables"]["c"] if row["key"] < 5000] == before["tables"]["c"]
 
 
 def test_stale_checkpoint_is_ignored(store_path, tmp_path):

@@ -128,6 +128,7 @@ Status StoreImpl::CreateFeature(const std::string& name, const std::string& type
   rocksdb::WriteBatch b;
   MetaStore::PutFeature(&b, d);
   MetaStore::PutState(&b, next);
+  RF_RETURN_IF_ERROR(RetireCheckpointLocked());  // (its feature list would no longer match)
   RF_RETURN_IF_ERROR(meta_.Commit(&b));
   pstate_ = next;
   {
@@ -175,7 +176,8 @@ Status StoreImpl::Close() {
     if (s.ok()) s = s2;
     // After a write error the tables in DRAM may be ahead of the committed metadata: no
     // checkpoint of them (the next open rebuilds from the committed pages).
-    if (s.ok() && bg_error_.ok() && !o_.accounting) s = WriteCheckpoint();
+    // A session that committed nothing leaves the checkpoint it loaded as it was.
+    if (s.ok() && bg_error_.ok() && !o_.accounting && !checkpoint_current_) s = WriteCheckpoint();
     // Block checksums are a cache of verified page contents: losing them only costs a
     // whole-page read per page later, so a failure to save them does not fail the close.
     if (s.ok() && block_sums_ && block_sums_->dirty()) (void)block_sums_->Save(StoreFileName(path_, FileKind::kBlockSums));

@@ -147,10 +147,15 @@ class StoreImpl final : public Store {
   Status ExplainReadFailure(const Status& s);
   Status RebuildFromPages() RF_REQUIRES(write_mu_);
   // Clean-shutdown checkpoint of the derived state (key indexes, valid counts), so a clean
-  // reopen need not read every page. Consumed (deleted) at open: it only ever describes the
-  // exact state at close, and a crash afterwards always falls back to RebuildFromPages.
+  // reopen need not read every page. It only ever describes the committed state it was
+  // written for: a writer that loaded it keeps it while it commits nothing (a session that
+  // only reads neither deletes it nor rewrites it at close) and retires it (deleted, the
+  // directory synced) before its first metadata commit, so a crash afterwards always falls
+  // back to RebuildFromPages.
   Status WriteCheckpoint() RF_REQUIRES(write_mu_);
   bool LoadCheckpoint() RF_REQUIRES(write_mu_);
+  // Deletes a kept checkpoint before the first commit that moves the state past it.
+  Status RetireCheckpointLocked() RF_REQUIRES(write_mu_);
   Status ReplayWal(uint64_t* max_number) RF_REQUIRES(write_mu_);
 
   Status Write(WriteOp* w);
@@ -276,6 +281,10 @@ class StoreImpl final : public Store {
   uint64_t flush_pages_written_ RF_GUARDED_BY(write_mu_) = 0;
   uint64_t recovered_wal_records_ RF_GUARDED_BY(write_mu_) = 0;
   bool opened_from_checkpoint_ RF_GUARDED_BY(write_mu_) = false;
+  // The CHECKPOINT on disk describes the committed state (loaded at open, nothing committed
+  // since, or written by this close): close need not write it again.
+  bool checkpoint_current_ RF_GUARDED_BY(write_mu_) = false;
+  uint64_t checkpoints_written_ RF_GUARDED_BY(write_mu_) = 0;
   // pstate_.next_seq as the open found it (set before the store is shared, then constant): a
   // read-only handle's snapshot, which readers compare without the writer's lock.
   uint64_t opened_seq_ = 0;

@@ -220,8 +220,11 @@ Status StoreImpl::Recover() {
     if (!pages_.at(p).live) pages_.AddFree(p);
 
   opened_from_checkpoint_ = LoadCheckpoint();
+  // A checkpoint that loaded stays until the first commit (RetireCheckpointLocked); one that
+  // did not (another state, damaged) goes now.
+  checkpoint_current_ = opened_from_checkpoint_;
   const std::string ckpt = StoreFileName(path_, FileKind::kCheckpoint);
-  if (fs::exists(ckpt)) {
+  if (!checkpoint_current_ && fs::exists(ckpt)) {
     ::unlink(ckpt.c_str());
     RF_RETURN_IF_ERROR(SyncDir(path_));
   }
@@ -692,6 +695,18 @@ bool CheckpointAgrees(const std::vector<CheckpointFeature>& fs, const Checkpoint
 }
 }
 
+Status StoreImpl::RetireCheckpointLocked() {
+  if (!checkpoint_current_) return Status::OK();
+  // Deleted and the deletion durable before the commit: a crash in between finds no
+  // checkpoint (a rebuild), never one of an older state next to newer metadata. (The open
+  // would refuse that one too, by its seq and the page table, but not rely on it.)
+  const std::string ckpt = StoreFileName(path_, FileKind::kCheckpoint);
+  if (::unlink(ckpt.c_str()) != 0 && errno != ENOENT) return Status::FromErrno("unlink", ckpt, errno);
+  RF_RETURN_IF_ERROR(SyncDir(path_));
+  checkpoint_current_ = false;
+  return Status::OK();
+}
+
 Status StoreImpl::WriteCheckpoint() {
   // Streamed a feature at a time (a large key index is not copied whole), crc32c over all.
   const std::string tmp = StoreFileName(path_, FileKind::kCheckpointTemp);
@@ -739,7 +754,10 @@ Status StoreImpl::WriteCheckpoint() {
   if (!ok) return Status::IOError("cannot write checkpoint '" + tmp + "'");
   RF_KILL_POINT("checkpoint.before_rename");
   if (::rename(tmp.c_str(), StoreFileName(path_, FileKind::kCheckpoint).c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
-  return SyncDir(path_);
+  RF_RETURN_IF_ERROR(SyncDir(path_));
+  checkpoints_written_++;
+  checkpoint_current_ = true;
+  return Status::OK();
 }
 
 bool StoreImpl::LoadCheckpoint() {

@@ -147,6 +147,11 @@ std::string StoreImpl::StatsJson() {
   j.Bool(o_.read_only);
   j.Key("opened_from_checkpoint");
   j.Bool(opened_from_checkpoint_);
+  // Whether the CHECKPOINT on disk describes the committed state (kept from the open while
+  // nothing was committed, or written by close), and how many this handle wrote.
+  j.Key("checkpoint_current");
+  j.Bool(checkpoint_current_);
+  j.KV("checkpoints_written", static_cast<double>(checkpoints_written_));
   j.Key("direct_io");
   j.Bool(file_.direct() || closed_);
   j.Key("fragmentation");

@@ -34,6 +34,9 @@ def test_scan_benchmark_quick(tmp_path):
     assert (again["features"], again["useful_bytes"], again["bytes_read"]) == \
         (first["features"], first["useful_bytes"], first["bytes_read"])
     assert again["useful_MBps"] > 0
+    fx = res["first_read_extra"]
+    assert fx is not None and set(fx) >= {"total_engine_s", "per_feature_ms", "per_page_us"}
+    assert abs(fx["total_engine_s"] - (first["engine_seconds"] - again["engine_seconds"])) < 1e-6
     t = doc["targets"]
     assert "merged_scan_ratio_to_device_seq" in t and "merged_read_amplification" in t
     assert t["contents_correct"]["passed"]

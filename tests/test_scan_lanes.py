@@ -10,13 +10,14 @@ read-only handle and read errors in any lane.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 
 import numpy as np
 import pytest
 
 from recflash.reader import InvalidArgumentError, Store, StoreOptions
-from recflash.reader.errors import IOError_
+from recflash.reader.errors import IOError_, StoreClosedError
 from recflash.reader import testing
 
 N = 60000  # entries: above the lanes' threshold (16384) on 4 KiB pages
@@ -222,3 +223,22 @@ def test_index_changed_before_its_copy(store_path, threads):
                    for k, v in ((old_k, old_v), (new_k, new_v))), "the scan mixed two states"
         _check(st, state, "i")
         assert st.stats()["index_merge_fallbacks"] == after["index_merge_fallbacks"]
+
+
+def test_close_stops_the_lane_helpers(store_path):
+    """The parked lane helpers are threads of the handle: close() stops them, whether or not
+    the Store object is still referenced."""
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    st, state = _fill(store_path, np.random.default_rng(21), rounds=2)
+    st.close()
+    before = threads()
+    st = Store.open(store_path, _opts(scan_threads=3))
+    _check(st, state, "i")
+    assert st.stats()["lane_scans"] > 0
+    assert threads() >= before + 2  # the two parked helpers
+    st.close()
+    assert threads() == before
+    with pytest.raises(StoreClosedError):
+        st.scan("i")

@@ -190,6 +190,9 @@ Status StoreImpl::Close() {
     versions_.WaitForNoReadersLocked();
     wal_.Close();
   }
+  // No scan runs any more (each registered as a reader, and none can start): the parked lane
+  // helpers stop with the handle, not when its last Python reference goes.
+  lane_helpers_.reset();
   file_.Close();
   if (write_ring_) rings_->Release(std::move(write_ring_));
   meta_.Close();

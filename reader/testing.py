@@ -91,3 +91,9 @@ def status_to_string(code: int, message: str) -> str:
 
 
 TestRing = _t.TestRing
+
+
+def crc32c(data: bytes) -> int:
+    """The engine's crc32c (Castagnoli) of `data`: for tests that craft file contents whose
+    checksums must still hold."""
+    return _t.crc32c(data)

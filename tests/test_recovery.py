@@ -154,6 +154,59 @@ def test_crash_after_a_checkpointed_open_rebuilds(store_path, point):
     assert [row for row in after["tables"]["c"] if row["key"] < 5000] == before["tables"]["c"]
 
 
+def _index_runs(data: bytes) -> dict:
+    """Feature id -> [(byte offset of the run's location, location, count)] of a CHECKPOINT
+    (store_open.cc WriteCheckpoint, key_index.cc Serialize), for dense and raw-key indexes."""
+    import struct
+    at = 8 + 8 + 8
+    (nf,) = struct.unpack_from("<I", data, at)
+    at += 4
+    out = {}
+    for _ in range(nf):
+        fid, _items, _bytes, _tombs = struct.unpack_from("<IQQQ", data, at)
+        at += 28
+        mode, track, _base, n = struct.unpack_from("<BBQQ", data, at)
+        at += 18
+        assert mode in (1, 3) and not track, "the test writes dense or raw keys only"
+        if mode == 3:
+            at += 8 * n
+        (nruns,) = struct.unpack_from("<Q", data, at)
+        at += 8
+        out[fid] = [(at + 8 * r, *struct.unpack_from("<II", data, at + 8 * r)) for r in range(nruns)]
+        at += 8 * nruns
+    return out
+
+
+def test_checkpoint_naming_another_features_page_is_refused(store_path):
+    """A checkpoint whose bytes are intact (crc) but whose key index sends a feature's keys to a
+    page holding only another feature is refused: the open rebuilds from the pages."""
+    from recflash.reader import testing
+    with Store.open(store_path, small_options()) as s:
+        for f in ("a", "b"):
+            s.create_feature(f, "int64")
+        k = np.arange(4000, dtype=np.uint64)
+        s.put("a", k, k.astype(np.int64))
+        s.flush()  # a's pages, then b's: no page holds both
+        s.put("b", k, (k * 3).astype(np.int64))
+        s.flush()
+        for f in ("a", "b"):  # an update each (its own flush): indexes, not append-only
+            s.put(f, k[::7], np.full(len(k[::7]), -1, np.int64))
+            s.flush()
+        expected = {f: s.scan(f).to_pylist() for f in ("a", "b")}
+    path = os.path.join(store_path, "CHECKPOINT")
+    data = bytearray(open(path, "rb").read())
+    runs = _index_runs(bytes(data))
+    (fa, ra), (fb, rb) = sorted(runs.items())
+    assert {loc for _, loc, _ in ra}.isdisjoint({loc for _, loc, _ in rb})
+    off, _, _ = ra[0]
+    data[off:off + 4] = rb[0][1].to_bytes(4, "little")  # a's first keys "live" on b's page
+    data[-4:] = testing.crc32c(bytes(data[:-4])).to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+    with Store.open(store_path, small_options()) as s:
+        assert s.stats()["opened_from_checkpoint"] is False
+        assert {f: s.scan(f).to_pylist() for f in ("a", "b")} == expected
+
+
 def test_stale_checkpoint_is_ignored(store_path, tmp_path):
     rng = np.random.default_rng(8)
     with Store.open(store_path, small_options()) as s:

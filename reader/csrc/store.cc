@@ -128,8 +128,7 @@ Status StoreImpl::CreateFeature(const std::string& name, const std::string& type
   rocksdb::WriteBatch b;
   MetaStore::PutFeature(&b, d);
   MetaStore::PutState(&b, next);
-  RF_RETURN_IF_ERROR(RetireCheckpointLocked());  // (its feature list would no longer match)
-  RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  RF_RETURN_IF_ERROR(CommitMetaLocked(&b));
   pstate_ = next;
   {
     MutexLock l(&mu_);

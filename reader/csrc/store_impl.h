@@ -154,8 +154,12 @@ class StoreImpl final : public Store {
   // back to RebuildFromPages.
   Status WriteCheckpoint() RF_REQUIRES(write_mu_);
   bool LoadCheckpoint() RF_REQUIRES(write_mu_);
-  // Deletes a kept checkpoint before the first commit that moves the state past it.
+  // Deletes CHECKPOINT (if there) durably: at open when it did not load, and before the
+  // first commit that moves the state past a kept one (CommitMetaLocked).
   Status RetireCheckpointLocked() RF_REQUIRES(write_mu_);
+  // Every metadata commit goes through here, so none lands next to a checkpoint of the
+  // state before it.
+  Status CommitMetaLocked(rocksdb::WriteBatch* b) RF_REQUIRES(write_mu_);
   Status ReplayWal(uint64_t* max_number) RF_REQUIRES(write_mu_);
 
   Status Write(WriteOp* w);

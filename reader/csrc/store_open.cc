@@ -220,14 +220,10 @@ Status StoreImpl::Recover() {
     if (!pages_.at(p).live) pages_.AddFree(p);
 
   opened_from_checkpoint_ = LoadCheckpoint();
-  // A checkpoint that loaded stays until the first commit (RetireCheckpointLocked); one that
-  // did not (another state, damaged) goes now.
+  // A checkpoint that loaded stays until the first commit (CommitMetaLocked); one that did
+  // not (another state, damaged) goes now.
   checkpoint_current_ = opened_from_checkpoint_;
-  const std::string ckpt = StoreFileName(path_, FileKind::kCheckpoint);
-  if (!checkpoint_current_ && fs::exists(ckpt)) {
-    ::unlink(ckpt.c_str());
-    RF_RETURN_IF_ERROR(SyncDir(path_));
-  }
+  if (!checkpoint_current_) RF_RETURN_IF_ERROR(RetireCheckpointLocked());
   if (!opened_from_checkpoint_) RF_RETURN_IF_ERROR(RebuildFromPages());
   // A feature with nothing stored starts deferred (see KeyIndex).
   for (FeatureState* f : features_.All())
@@ -698,15 +694,18 @@ bool CheckpointAgrees(const std::vector<CheckpointFeature>& fs, const Checkpoint
 }
 
 Status StoreImpl::RetireCheckpointLocked() {
-  if (!checkpoint_current_) return Status::OK();
-  // Deleted and the deletion durable before the commit: a crash in between finds no
-  // checkpoint (a rebuild), never one of an older state next to newer metadata. (The open
-  // would refuse that one too, by its seq and the page table, but not rely on it.)
-  const std::string ckpt = StoreFileName(path_, FileKind::kCheckpoint);
-  if (::unlink(ckpt.c_str()) != 0 && errno != ENOENT) return Status::FromErrno("unlink", ckpt, errno);
-  RF_RETURN_IF_ERROR(SyncDir(path_));
   checkpoint_current_ = false;
-  return Status::OK();
+  const std::string ckpt = StoreFileName(path_, FileKind::kCheckpoint);
+  if (::unlink(ckpt.c_str()) != 0) return errno == ENOENT ? Status::OK() : Status::FromErrno("unlink", ckpt, errno);
+  return SyncDir(path_);
+}
+
+Status StoreImpl::CommitMetaLocked(rocksdb::WriteBatch* b) {
+  // The deletion durable before the commit: a crash in between finds no checkpoint (a
+  // rebuild), never one of an older state next to newer metadata. (The open would refuse
+  // that one too, by its seq and the page table, but not rely on it.)
+  if (checkpoint_current_) RF_RETURN_IF_ERROR(RetireCheckpointLocked());
+  return meta_.Commit(b);
 }
 
 Status StoreImpl::WriteCheckpoint() {

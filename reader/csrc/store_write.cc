@@ -557,10 +557,7 @@ Status StoreImpl::CommitLocked(const std::set<uint32_t>& dirty, const std::set<u
     if (pages_.at(p).live) MetaStore::PutPage(&b, p, pages_.at(p));
   for (uint32_t p : freed) MetaStore::DeletePage(&b, p);
   MetaStore::PutState(&b, pstate_);
-  if (!o_.accounting && !o_.read_only) {
-    RF_RETURN_IF_ERROR(RetireCheckpointLocked());
-    RF_RETURN_IF_ERROR(meta_.Commit(&b));
-  }
+  if (!o_.accounting && !o_.read_only) RF_RETURN_IF_ERROR(CommitMetaLocked(&b));
   for (uint32_t p : freed) pages_.MarkDead(p);
   return Status::OK();
 }

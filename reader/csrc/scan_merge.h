@@ -314,10 +314,12 @@ class DenseSweep {
   uint64_t split_slots_ = 0;
   Sweeper main_;  // the helper's (the caller's without one)
   // Hand-over to the helper: the bound up to which it may sweep (staging written before it
-  // is published under mu_), whether that bound is its last, or stop.
+  // is published under mu_), whether that bound is its last, or stop; and the windows it
+  // has taken.
   Mutex mu_;
   CondVar cv_;
   uint64_t bound_ RF_GUARDED_BY(mu_) = 0;
+  uint64_t claimed_ RF_GUARDED_BY(mu_) = 0;  // the end of the last window the helper took
   bool last_ RF_GUARDED_BY(mu_) = false;
   bool stop_ RF_GUARDED_BY(mu_) = false;
   std::thread thread_;

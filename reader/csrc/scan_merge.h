@@ -287,7 +287,8 @@ class DenseSweep {
     size_t waiting = 0;            // by_first_[waiting..]: not yet active
     std::vector<uint32_t> active;  // refs with staged records left, oldest first
     std::vector<uint64_t> at;      // per ref: its next staged record
-    std::vector<uint64_t> taken;   // items taken per seq rank, four tables (see SweepTo)
+    uint64_t from_disk = 0;        // items taken from pages ...
+    double encoded = 0;            // ... and their encoded bytes
     std::vector<uint32_t> tags;    // the window: rank << 1 | tomb per slot (0 = no version) ...
     std::vector<uint8_t> vals;     // ... and the value
   };

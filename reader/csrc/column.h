@@ -8,6 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "reader/csrc/lane_helpers.h"
+#include <vector>
+
 namespace recflash {
 
 // Allocator for read results: large buffers are 2 MiB aligned and advised for transparent
@@ -63,17 +66,16 @@ class Populator {
   Populator(const Populator&) = delete;
   Populator& operator=(const Populator&) = delete;
   ~Populator() { Join(); }
-  // Faults in the whole pages of each range on a new thread, in order; nothing when the
-  // ranges total less than kMinBytes. The buffers must outlive the thread: Join (or the
-  // destructor) before they are freed. One Start per Join.
+  // Faults in the whole pages of each range on a helper thread (a parked one of `helpers`
+  // when one is idle, else a new one), in order; nothing when the ranges total less than
+  // kMinBytes. The buffers must outlive the thread: Join (or the destructor) before they are
+  // freed. One Start per Join.
   static constexpr size_t kMinBytes = 1u << 20;
-  void Start(std::vector<std::pair<void*, size_t>> ranges);
-  void Join() {
-    if (t_.joinable()) t_.join();
-  }
+  void Start(std::vector<std::pair<void*, size_t>> ranges, LaneHelpers* helpers = nullptr);
+  void Join() { t_.Join(); }
 
  private:
-  std::thread t_;
+  HelperThread t_;
 };
 
 // Result of a read for one feature. Values of fixed-width types are packed; variable-width

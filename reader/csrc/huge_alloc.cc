@@ -167,33 +167,31 @@ void* HugeAllocate(size_t bytes) {
   return p;
 }
 
-void Populator::Start(std::vector<std::pair<void*, size_t>> ranges) {
+void Populator::Start(std::vector<std::pair<void*, size_t>> ranges, LaneHelpers* helpers) {
 #ifdef MADV_POPULATE_WRITE
   Join();
   size_t total = 0;
   for (const auto& r : ranges) total += r.second;
   if (total < kMinBytes) return;
-  try {
-    t_ = std::thread([ranges = std::move(ranges)]() {
-      // The ranges a step at a time each, so all stay ahead of an owner that fills them
-      // together (a scan's staging and output advance side by side).
-      constexpr int kSteps = 16;
-      const uintptr_t page = 4096;
-      for (int k = 0; k < kSteps; k++) {
-        for (const auto& [p, n] : ranges) {
-          const uintptr_t b = reinterpret_cast<uintptr_t>(p);
-          const uintptr_t a = (b + n * k / kSteps + page - 1) & ~(page - 1);
-          const uintptr_t z = (b + n * (k + 1) / kSteps) & ~(page - 1);
-          // Failure (an old kernel: EINVAL) only means the owner faults the pages itself.
-          if (z > a && ::madvise(reinterpret_cast<void*>(a), z - a, MADV_POPULATE_WRITE) != 0) return;
-        }
+  // No thread to be had: the owner faults its pages in itself, as without a populator.
+  t_.Start(helpers, [ranges = std::move(ranges)]() {
+    // The ranges a step at a time each, so all stay ahead of an owner that fills them
+    // together (a scan's staging and output advance side by side).
+    constexpr int kSteps = 16;
+    const uintptr_t page = 4096;
+    for (int k = 0; k < kSteps; k++) {
+      for (const auto& [p, n] : ranges) {
+        const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+        const uintptr_t a = (b + n * k / kSteps + page - 1) & ~(page - 1);
+        const uintptr_t z = (b + n * (k + 1) / kSteps) & ~(page - 1);
+        // Failure (an old kernel: EINVAL) only means the owner faults the pages itself.
+        if (z > a && ::madvise(reinterpret_cast<void*>(a), z - a, MADV_POPULATE_WRITE) != 0) return;
       }
-    });
-  } catch (const std::system_error&) {
-    // No thread to be had: the owner faults its pages in itself, as without a populator.
-  }
+    }
+  });
 #else
   (void)ranges;
+  (void)helpers;
 #endif
 }
 

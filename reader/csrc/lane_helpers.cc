@@ -100,4 +100,27 @@ LaneHelpers::Claim::~Claim() {
   }
 }
 
+bool HelperThread::Start(LaneHelpers* helpers, std::function<void()> job) {
+  Join();
+  if (helpers) {
+    claim_.emplace(helpers->Acquire(1));
+    if (claim_->size() == 1) {
+      claim_->Run(0, std::move(job));
+      return true;
+    }
+    claim_.reset();
+  }
+  try {
+    thread_ = std::thread(std::move(job));
+  } catch (const std::system_error&) {
+    return false;
+  }
+  return true;
+}
+
+void HelperThread::Join() {
+  claim_.reset();  // waits for the job, then gives the helper back
+  if (thread_.joinable()) thread_.join();
+}
+
 }  // namespace recflash

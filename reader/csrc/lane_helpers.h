@@ -9,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -56,6 +57,27 @@ class LaneHelpers {
   std::atomic<bool> started_{false};
   std::atomic<int> owner_pid_{0};
   std::atomic_flag starting_ = ATOMIC_FLAG_INIT;
+};
+
+// One background job of a scan (a dense placement's sweep, the faulting-in of its buffers)
+// on a parked helper when one is idle, else on a thread of its own. Two such threads started
+// and joined per large feature cost a pass over 100 features a few per cent (see LaneHelpers).
+class HelperThread {
+ public:
+  HelperThread() = default;
+  ~HelperThread() { Join(); }
+  HelperThread(const HelperThread&) = delete;
+  HelperThread& operator=(const HelperThread&) = delete;
+  // Starts `job` (helpers may be null: a thread of its own). False when no thread could be
+  // had; the caller then does the work itself. One Start per Join.
+  bool Start(LaneHelpers* helpers, std::function<void()> job);
+  bool running() const { return claim_.has_value() || thread_.joinable(); }
+  // Waits for the job to return (nothing when none runs).
+  void Join();
+
+ private:
+  std::optional<LaneHelpers::Claim> claim_;
+  std::thread thread_;
 };
 
 }  // namespace recflash

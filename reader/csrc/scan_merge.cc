@@ -737,7 +737,8 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
   return true;
 }
 
-DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, bool background)
+DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, bool background,
+                       LaneHelpers* helpers)
     : plan_(plan), buf_(buf), col_(col) {
   const size_t cap = plan.span + buf.size();  // no counting pass (the tail is never written)
   col->keys.resize(cap);
@@ -749,13 +750,8 @@ DenseSweep::DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnDa
             [&](uint32_t x, uint32_t y) { return plan.first[x] < plan.first[y]; });
   InitSweeper(&main_);
   for (uint32_t j = 0; j < nr; j++) main_.at[j] = plan.base[j];
-  if (background) {
-    try {
-      thread_ = std::thread([this] { Helper(); });
-    } catch (const std::system_error&) {
-      // No thread to be had: Advance sweeps on the caller's thread.
-    }
-  }
+  // No thread to be had: Advance sweeps on the caller's thread.
+  if (background) helper_.Start(helpers, [this] { Helper(); });
 }
 
 void DenseSweep::InitSweeper(Sweeper* c) {
@@ -768,13 +764,13 @@ void DenseSweep::InitSweeper(Sweeper* c) {
 }
 
 DenseSweep::~DenseSweep() {
-  if (!thread_.joinable()) return;
+  if (!helper_.running()) return;
   {
     MutexLock l(&mu_);
     stop_ = true;
   }
   cv_.Signal();
-  thread_.join();
+  helper_.Join();
 }
 
 void DenseSweep::Helper() {
@@ -805,7 +801,7 @@ uint64_t DenseSweep::ReadyBound() {
 
 void DenseSweep::Advance() {
   const uint64_t bound = ReadyBound();
-  if (!thread_.joinable()) {
+  if (!helper_.running()) {
     SweepTo(&main_, bound);
     return;
   }
@@ -982,7 +978,7 @@ void DenseSweep::StartSweeper(Sweeper* c, uint64_t from) {
 void DenseSweep::Finish(uint64_t* useful, double* encoded) {
   Sweeper tail;
   Sweeper* last = &main_;  // the sweeper that reaches the span
-  if (thread_.joinable()) {
+  if (helper_.running()) {
     // Every page is staged. The helper sweeps up to `mid` while this thread sweeps the
     // windows above it: the sweep left after the last read (all of it for a feature whose
     // update pages each reach across its keys) takes half as long.
@@ -1004,7 +1000,7 @@ void DenseSweep::Finish(uint64_t* useful, double* encoded) {
       StartSweeper(&tail, mid);
       const uint64_t start = tail.o;
       SweepTo(&tail, plan_.span);
-      thread_.join();
+      helper_.Join();
       // The first sweeper wrote fewer items than it could (keys without a version, deletes,
       // buffered writes replacing a slot's version): the second's output moves down.
       if (main_.o < start) {
@@ -1016,7 +1012,7 @@ void DenseSweep::Finish(uint64_t* useful, double* encoded) {
       split_slots_ = plan_.span - mid;
       last = &tail;
     } else {
-      thread_.join();
+      helper_.Join();
     }
   } else {
     SweepTo(&main_, plan_.span);

@@ -25,6 +25,7 @@
 
 #include "reader/csrc/column.h"
 #include "reader/csrc/format.h"
+#include "reader/csrc/lane_helpers.h"
 #include "reader/csrc/mutex.h"
 #include "reader/csrc/page_map.h"
 #include "reader/csrc/thread_annotations.h"
@@ -259,8 +260,10 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
 class DenseSweep {
  public:
   // Sizes `col` for the most items the output can hold; Finish trims it. `plan` and `buf`
-  // must outlive the sweep. No helper thread to be had: the caller's thread sweeps.
-  DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, bool background = false);
+  // must outlive the sweep. The helper is a parked one of `helpers` when one is idle, else a
+  // thread of its own; no thread to be had: the caller's thread sweeps.
+  DenseSweep(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, bool background = false,
+             LaneHelpers* helpers = nullptr);
   ~DenseSweep();  // stops the helper (a scan that failed midway)
   DenseSweep(const DenseSweep&) = delete;
   DenseSweep& operator=(const DenseSweep&) = delete;
@@ -274,7 +277,7 @@ class DenseSweep {
   // Slots the caller's thread swept in Finish beside the helper (0: no split).
   uint64_t split_slots() const { return split_slots_; }
   // Whether a helper thread sweeps.
-  bool background() const { return thread_.joinable(); }
+  bool background() const { return helper_.running(); }
 
  private:
   // One sweep's position and scratch. The main sweeper runs from slot 0 (on the helper, or
@@ -323,7 +326,7 @@ class DenseSweep {
   uint64_t claimed_ RF_GUARDED_BY(mu_) = 0;  // the end of the last window the helper took
   bool last_ RF_GUARDED_BY(mu_) = false;
   bool stop_ RF_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  HelperThread helper_;  // the sweep's helper: a parked LaneHelpers thread or one of its own
 };
 // The whole sweep at once (every page staged).
 void FinishDensePlacement(const DensePlan& plan, const BufferedItems& buf, ColumnData* col, uint64_t* useful,

@@ -122,7 +122,10 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     o_.page_size = stored_ps;  // the page size is fixed at creation
   }
 
-  if (o_.scan_threads > 1 && !o_.accounting) lane_helpers_ = std::make_unique<LaneHelpers>(o_.scan_threads - 1);
+  // Parked helpers: the lanes of index placement (scan_threads - 1 per scan), and the sweep and
+  // populator of a dense placement (two per scan) for two scans at a time.
+  if (o_.scan_threads > 1 && !o_.accounting)
+    lane_helpers_ = std::make_unique<LaneHelpers>(std::max<unsigned>(o_.scan_threads - 1, 4));
   if (o_.read_only) {
     // No LOCK: readers coexist with each other and with one writer. Safety comes from the
     // snapshot (metadata as of the open) and the per-read seq check, not from locking.

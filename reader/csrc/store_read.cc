@@ -152,10 +152,11 @@ void PlaceDirect(const SegmentView& sv, uint64_t lo, uint64_t hi, bool to_end, S
 
 // Decides each feature's placement over the keys [lo, hi_incl] (index, direct, dense or the
 // chunk merges) and starts the dense placements' sweeps. Helper threads (the sweep, the
-// faulting-in of fresh buffers) go to the largest dense placement only, where the sweep is
-// worth a thread: one scan_many of a Ray read task may place dozens of features, and a thread
-// each would oversubscribe the cores.
-void PlanPlacements(uint64_t lo, uint64_t hi_incl, std::vector<ScanFeature>* features, std::vector<ColumnData>* out) {
+// faulting-in of fresh buffers; parked ones of `helpers` when idle) go to the largest dense
+// placement only, where the sweep is worth a thread: one scan_many of a Ray read task may
+// place dozens of features, and a thread each would oversubscribe the cores.
+void PlanPlacements(uint64_t lo, uint64_t hi_incl, LaneHelpers* helpers, std::vector<ScanFeature>* features,
+                    std::vector<ColumnData>* out) {
   std::vector<ScanFeature>& fs = *features;
   const size_t nf = fs.size();
   for (size_t i = 0; i < nf; i++) {
@@ -178,11 +179,12 @@ void PlanPlacements(uint64_t lo, uint64_t hi_incl, std::vector<ScanFeature>* fea
     ScanFeature& f = fs[i];
     if (!f.dense_placed) continue;
     ColumnData& col = (*out)[i];
-    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, i == helped);
+    f.sweep = std::make_unique<DenseSweep>(f.dplan, f.buf, &col, i == helped, helpers);
     if (i == helped)
       f.populate.Start({{f.dplan.recs.data(), f.dplan.recs.size()},
                         {col.keys.data(), col.keys.size() * 8},
-                        {col.values.data(), col.values.size()}});
+                        {col.values.data(), col.values.size()}},
+                       helpers);
   }
 }
 
@@ -374,7 +376,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       fs[i].refs.push_back(r);
     }
   }
-  PlanPlacements(lo, to_end ? UINT64_MAX : hi - 1, &fs, out);
+  PlanPlacements(lo, to_end ? UINT64_MAX : hi - 1, lane_helpers_.get(), &fs, out);
   std::sort(pids.begin(), pids.end());
   if (nf == 1 && fs[0].dense_placed)
     OrderRunsByLowestKey(fs[0], users, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size), &pids);

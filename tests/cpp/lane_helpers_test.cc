@@ -45,6 +45,46 @@ TEST(LaneHelpers, ConcurrentScansShareThem) {
   EXPECT_GT(claimed.load(), 0);
 }
 
+// HelperThread: a scan's background job on a parked helper when one is idle (the same thread
+// each time), on a thread of its own when none is, and on a thread of its own without helpers.
+TEST(LaneHelpers, HelperThreadUsesAParkedHelperOrItsOwn) {
+  LaneHelpers h(1);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id first, second, own;
+  {
+    HelperThread t;
+    ASSERT_TRUE(t.Start(&h, [&] { first = std::this_thread::get_id(); }));
+    EXPECT_TRUE(t.running());
+    EXPECT_EQ(h.Acquire(1).size(), 0u);  // held while the job may run
+    t.Join();
+    EXPECT_FALSE(t.running());
+    EXPECT_EQ(h.Acquire(1).size(), 1u);  // given back by Join
+    std::atomic<bool> go{false}, done{false};
+    ASSERT_TRUE(t.Start(&h, [&] {
+      second = std::this_thread::get_id();
+      while (!go.load()) std::this_thread::yield();
+      done = true;
+    }));
+    // The only helper is busy: a second job gets a thread of its own.
+    HelperThread u;
+    ASSERT_TRUE(u.Start(&h, [&] { own = std::this_thread::get_id(); }));
+    u.Join();
+    go = true;
+    t.Join();  // waits for the job
+    EXPECT_TRUE(done.load());
+  }
+  EXPECT_NE(first, caller);
+  EXPECT_EQ(first, second);  // parked, not a new thread
+  EXPECT_NE(own, first);
+  EXPECT_NE(own, caller);
+  std::thread::id alone;
+  HelperThread v;
+  ASSERT_TRUE(v.Start(nullptr, [&] { alone = std::this_thread::get_id(); }));
+  v.Join();
+  EXPECT_NE(alone, caller);
+  EXPECT_NE(alone, first);
+}
+
 TEST(LaneHelpers, NoneWhenAskedForNone) {
   LaneHelpers h(0);
   EXPECT_EQ(h.Acquire(3).size(), 0u);

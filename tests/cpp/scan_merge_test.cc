@@ -571,7 +571,8 @@ TEST(ScanMerge, DensePlacementInWindowsAgreesWithBruteForce) {
         std::vector<uint64_t> scratch;
         ColumnData col;
         const bool helper = window == 64 || (window == 0 && round & 1);
-        DenseSweep sweep(plan, buf, &col, helper);
+        LaneHelpers parked(1);  // rounds 2 and 3: the helper is a parked thread
+        DenseSweep sweep(plan, buf, &col, helper, round >= 2 ? &parked : nullptr);
         EXPECT_EQ(sweep.background(), helper);
         for (size_t x = 0; x < order.size(); x++) {
           EXPECT_TRUE(PlaceDense(pages[order[x]].sv, static_cast<uint32_t>(order[x]), &plan, &scratch));

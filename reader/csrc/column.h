@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "reader/csrc/lane_helpers.h"
-#include <vector>
 
 namespace recflash {
 

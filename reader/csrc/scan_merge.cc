@@ -15,8 +15,6 @@
 
 namespace recflash {
 
-
-
 namespace {
 
 // Whether keys spanning [kmin, kmax] with `total` records are dense enough for a slot per key

@@ -596,14 +596,17 @@ bool PlanDensePlacement(const std::vector<PageRef>& refs, uint64_t lo, uint64_t 
 
 namespace {
 
-// Dense placement's staging of a segment with varint keys and 4-byte values (float32
-// features after updates: the steady state's pages), the keys decoded and staged in one
-// pass: no scratch of decoded keys read back by the checks and the staging loop. Eight
-// one-byte deltas (keys a few dozen apart) take an SSE prefix sum and four 16-byte stores.
-// Writes ref j's records at `out`, slot numbers key - kmin. True when every key lies in
-// [kmin + first, kmin + first + n) and the keys ascend; false otherwise (the caller then takes
-// the general path, which trims keys outside the scan range and reports the rest).
-bool StageVarintW4(const SegmentView& sv, uint64_t kmin, uint64_t first, uint64_t n, uint8_t* __restrict out) {
+// Dense placement's staging of a segment with varint keys and kW-byte values (4: float32,
+// 8: int64 features after updates, the steady state's pages), the keys decoded and staged in
+// one pass: no scratch of decoded keys read back by the checks and the staging loop. Eight
+// one-byte deltas (keys a few dozen apart) are taken together: for 4-byte values by an SSE
+// prefix sum and four 16-byte stores. Writes ref j's records at `out` (stride 4 + kW), slot
+// numbers key - kmin. True when every key lies in [kmin + first, kmin + first + n) and the
+// keys ascend; false otherwise (the caller then takes the general path, which trims keys
+// outside the scan range and reports the rest).
+template <uint32_t kW>
+bool StageVarint(const SegmentView& sv, uint64_t kmin, uint64_t first, uint64_t n, uint8_t* __restrict out) {
+  constexpr uint32_t kStride = 4 + kW;
   const uint32_t count = sv.count;
   const uint8_t* p = sv.keys;
   const uint8_t* const end = sv.keys + sv.keys_bytes;
@@ -617,8 +620,8 @@ bool StageVarintW4(const SegmentView& sv, uint64_t kmin, uint64_t first, uint64_
   if (rel >= n) return false;
   auto put = [&](uint32_t i) {
     const uint32_t s = static_cast<uint32_t>(rel + first);
-    std::memcpy(out + 8ull * i, &s, 4);
-    std::memcpy(out + 8ull * i + 4, vals + 4ull * i, 4);
+    std::memcpy(out + static_cast<size_t>(kStride) * i, &s, 4);
+    std::memcpy(out + static_cast<size_t>(kStride) * i + 4, vals + static_cast<size_t>(kW) * i, kW);
   };
   put(0);
   uint32_t i = 1;
@@ -629,21 +632,28 @@ bool StageVarintW4(const SegmentView& sv, uint64_t kmin, uint64_t first, uint64_
       if (!(x & 0x8080808080808080ull)) {
         // A zero delta (a repeated key) fails; nonzero deltas below 128 ascend without wrapping.
         if ((x - 0x0101010101010101ull) & ~x & 0x8080808080808080ull) return false;
-        __m128i ps = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(x)));
-        ps = _mm_add_epi16(ps, _mm_slli_si128(ps, 2));
-        ps = _mm_add_epi16(ps, _mm_slli_si128(ps, 4));
-        ps = _mm_add_epi16(ps, _mm_slli_si128(ps, 8));  // inclusive prefix sums, at most 1016
-        const __m128i s0 = _mm_set1_epi32(static_cast<int>(rel + first));
-        const __m128i a = _mm_add_epi32(_mm_cvtepu16_epi32(ps), s0);
-        const __m128i b = _mm_add_epi32(_mm_cvtepu16_epi32(_mm_srli_si128(ps, 8)), s0);
-        const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vals + 4ull * i));
-        const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vals + 4ull * i + 16));
-        uint8_t* o = out + 8ull * i;
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_unpacklo_epi32(a, v0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16), _mm_unpackhi_epi32(a, v0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm_unpacklo_epi32(b, v1));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 48), _mm_unpackhi_epi32(b, v1));
-        rel += static_cast<uint16_t>(_mm_extract_epi16(ps, 7));
+        if constexpr (kW != 4) {
+          for (uint32_t b = 0; b < 8; b++) {
+            rel += (x >> (8 * b)) & 0x7f;
+            put(i + b);
+          }
+        } else {
+          __m128i ps = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(x)));
+          ps = _mm_add_epi16(ps, _mm_slli_si128(ps, 2));
+          ps = _mm_add_epi16(ps, _mm_slli_si128(ps, 4));
+          ps = _mm_add_epi16(ps, _mm_slli_si128(ps, 8));  // inclusive prefix sums, at most 1016
+          const __m128i s0 = _mm_set1_epi32(static_cast<int>(rel + first));
+          const __m128i a = _mm_add_epi32(_mm_cvtepu16_epi32(ps), s0);
+          const __m128i b = _mm_add_epi32(_mm_cvtepu16_epi32(_mm_srli_si128(ps, 8)), s0);
+          const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vals + 4ull * i));
+          const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vals + 4ull * i + 16));
+          uint8_t* o = out + 8ull * i;
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_unpacklo_epi32(a, v0));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16), _mm_unpackhi_epi32(a, v0));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm_unpacklo_epi32(b, v1));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 48), _mm_unpackhi_epi32(b, v1));
+          rel += static_cast<uint16_t>(_mm_extract_epi16(ps, 7));
+        }
         p += 8;
         i += 8;
         continue;
@@ -665,14 +675,18 @@ bool PlaceDense(const SegmentView& sv, uint32_t j, DensePlan* plan, std::vector<
   if (sv.count > cap || plan->arrived[j]) return false;
   plan->arrived[j] = 1;
   plan->enc[plan->rank[j]] = sv.bytes_per_record();
-  // The steady state's pages (float32 features after updates): keys decoded and staged in one
-  // pass, 10 % off the engine time of a pass over 100 float32 features at the steady state.
-  if (plan->w == 4 && !sv.run_keys && !sv.raw_keys && !sv.bitmap_keys && !sv.tomb && sv.count &&
-      plan->first[j] < plan->span &&
-      StageVarintW4(sv, plan->kmin, plan->first[j], plan->last[j] - plan->first[j] + 1,
-                    plan->recs.data() + plan->base[j] * plan->stride)) {
-    plan->staged[j] = sv.count;
-    return true;
+  // The steady state's pages (float32 and int64 features after updates): keys decoded and
+  // staged in one pass, 10 % off the engine time of a pass over 100 float32 features at the
+  // steady state.
+  if ((plan->w == 4 || plan->w == 8) && !sv.run_keys && !sv.raw_keys && !sv.bitmap_keys && !sv.tomb && sv.count &&
+      plan->first[j] < plan->span) {
+    const uint64_t n = plan->last[j] - plan->first[j] + 1;
+    uint8_t* out = plan->recs.data() + plan->base[j] * plan->stride;
+    if (plan->w == 4 ? StageVarint<4>(sv, plan->kmin, plan->first[j], n, out)
+                     : StageVarint<8>(sv, plan->kmin, plan->first[j], n, out)) {
+      plan->staged[j] = sv.count;
+      return true;
+    }
   }
   const uint64_t* pk;
   uint32_t r0 = 0, r1 = sv.count;

@@ -611,28 +611,29 @@ TEST(ScanMerge, DensePlacementInWindowsAgreesWithBruteForce) {
   }
 }
 
-// Float32 values (width 4) after updates: base pages of consecutive keys, update pages whose key
+// Float32 and int64 values (widths 4 and 8) after updates: base pages of consecutive keys, update pages whose key
 // gaps take one-byte varints (the eight-at-a-time staging), two-byte and three-byte ones, one
 // with tombstones; over the whole span (staged as the keys are decoded) and over a range that
 // cuts pages (keys outside it trimmed by the general staging). Then pages whose keys a damaged
 // key stream would repeat, send backwards by wrapping, or place outside their listed range.
-TEST(ScanMerge, DensePlacementOfFourByteValuesAgreesWithBruteForce) {
+void CheckVarintStaging(ValueType type, uint32_t width) {
+  SCOPED_TRACE(width);
   FeatureDef d;
   d.id = 1;
   d.name = "f";
-  d.type = ValueType::kFloat32;
+  d.type = type;
   std::mt19937_64 rng(11);
   struct P {
     uint64_t seq;
     std::vector<uint64_t> keys;
     std::vector<uint8_t> tomb;
   };
-  auto value = [](uint64_t k, uint64_t seq) { return static_cast<uint32_t>(k * 7 + seq); };
+  auto value = [](uint64_t k, uint64_t seq) { return static_cast<uint64_t>(k * 7 + seq) | (seq << 40); };
   const uint64_t kSpan = 20000;
   std::vector<P> ps;
-  for (uint64_t k = 0; k < kSpan; k += 2500) {  // base pages: 2,500 consecutive keys each
+  for (uint64_t k = 0; k < kSpan; k += 1250) {  // base pages: 1,250 consecutive keys each
     P p{ps.size() + 1, {}, {}};
-    for (uint64_t x = k; x < k + 2500; x++) p.keys.push_back(x);
+    for (uint64_t x = k; x < k + 1250; x++) p.keys.push_back(x);
     ps.push_back(p);
   }
   const uint64_t max_gap[] = {60, 127, 400, 3000};  // one-byte gaps only, mixed, two-byte, some three-byte
@@ -657,34 +658,35 @@ TEST(ScanMerge, DensePlacementOfFourByteValuesAgreesWithBruteForce) {
     PageBuilder pb(16384);
     for (size_t r = 0; r < ps[j].keys.size(); r++) {
       const bool tomb = !ps[j].tomb.empty() && ps[j].tomb[r];
-      const uint32_t v = value(ps[j].keys[r], ps[j].seq);
-      ASSERT_TRUE(pb.Add(d, ps[j].keys[r], reinterpret_cast<const uint8_t*>(&v), tomb ? 0 : 4, tomb));
+      const uint64_t v = value(ps[j].keys[r], ps[j].seq);  // little-endian: the low `width` bytes
+      ASSERT_TRUE(pb.Add(d, ps[j].keys[r], reinterpret_cast<const uint8_t*>(&v), tomb ? 0 : width, tomb));
     }
     pages[j].bytes.assign(16384, 0);
     std::vector<SegmentSummary> sums;
     pb.Finish(pages[j].bytes.data(), ps[j].seq, static_cast<uint32_t>(100 + j), &sums);
     ASSERT_TRUE(PageView::Parse(pages[j].bytes.data(), 16384, static_cast<uint32_t>(100 + j), "t", &pages[j].pv).ok());
     ASSERT_TRUE(pages[j].pv.Find(d.id, &pages[j].sv));
-    pages[j].sv.width = 4;
+    pages[j].sv.width = width;
     const uint32_t n = static_cast<uint32_t>(ps[j].keys.size());
     refs.push_back({static_cast<uint32_t>(100 + j), n, n, 0, false, ps[j].seq, ps[j].keys.front(), ps[j].keys.back()});
   }
   int varint_pages = 0;
   for (const BuiltPage& p : pages) varint_pages += !p.sv.run_keys && !p.sv.bitmap_keys && !p.sv.raw_keys && !p.sv.tomb;
   EXPECT_GE(varint_pages, 4);  // the update pages take the one-pass staging
-  std::map<uint64_t, std::pair<uint64_t, std::optional<uint32_t>>> best;  // key -> (seq, value)
+  std::map<uint64_t, std::pair<uint64_t, std::optional<uint64_t>>> best;  // key -> (seq, value)
   for (const P& p : ps)
     for (size_t r = 0; r < p.keys.size(); r++) {
       auto& b = best[p.keys[r]];
       if (b.first > p.seq) continue;
       const bool tomb = !p.tomb.empty() && p.tomb[r];
-      b = {p.seq, tomb ? std::nullopt : std::optional<uint32_t>(value(p.keys[r], p.seq))};
+      const uint64_t mask = width == 8 ? ~0ull : (1ull << (8 * width)) - 1;
+      b = {p.seq, tomb ? std::nullopt : std::optional<uint64_t>(value(p.keys[r], p.seq) & mask)};
     }
   const std::pair<uint64_t, uint64_t> ranges[] = {{0, UINT64_MAX}, {1234, 15000}};
   for (const auto& [lo, hi] : ranges) {
     for (int order = 0; order < 2; order++) {
       DensePlan plan;
-      ASSERT_TRUE(PlanDensePlacement(refs, lo, hi, 4, &plan));
+      ASSERT_TRUE(PlanDensePlacement(refs, lo, hi, width, &plan));
       std::vector<uint64_t> scratch;
       for (size_t x = 0; x < pages.size(); x++) {
         const size_t j = order == 0 ? x : pages.size() - 1 - x;
@@ -694,24 +696,24 @@ TEST(ScanMerge, DensePlacementOfFourByteValuesAgreesWithBruteForce) {
       uint64_t useful = 0;
       double encoded = 0;
       FinishDensePlacement(plan, BufferedItems(), &col, &useful, &encoded);
-      std::map<uint64_t, uint32_t> want, got;
+      std::map<uint64_t, uint64_t> want, got;
       for (const auto& [k, b] : best)
         if (k >= lo && k <= hi && b.second) want[k] = *b.second;
-      ASSERT_EQ(col.values.size(), col.keys.size() * 4);
+      ASSERT_EQ(col.values.size(), col.keys.size() * width);
       for (size_t i = 0; i < col.keys.size(); i++) {
-        uint32_t v;
-        std::memcpy(&v, col.values.data() + 4 * i, 4);
+        uint64_t v = 0;
+        std::memcpy(&v, col.values.data() + width * i, width);
         got[col.keys[i]] = v;
         if (i) {
           EXPECT_LT(col.keys[i - 1], col.keys[i]);
         }
       }
       EXPECT_EQ(got, want) << "range " << lo << ".." << hi << " order " << order;
-      EXPECT_EQ(useful, want.size() * 12);
+      EXPECT_EQ(useful, want.size() * (8 + width));
     }
   }
-  // Damaged key streams of the one-byte-gap page (index 8), in a copy.
-  const size_t u = 8;
+  // Damaged key streams of the one-byte-gap page (index 16), in a copy.
+  const size_t u = 16;
   ASSERT_FALSE(pages[u].sv.run_keys || pages[u].sv.bitmap_keys || pages[u].sv.raw_keys);
   auto refused = [&](const std::vector<uint8_t>& keys, uint32_t count, const std::vector<PageRef>& rs) {
     SegmentView sv = pages[u].sv;
@@ -719,7 +721,7 @@ TEST(ScanMerge, DensePlacementOfFourByteValuesAgreesWithBruteForce) {
     sv.keys_bytes = static_cast<uint32_t>(keys.size());
     sv.count = count;
     DensePlan plan;
-    EXPECT_TRUE(PlanDensePlacement(rs, 0, UINT64_MAX, 4, &plan));
+    EXPECT_TRUE(PlanDensePlacement(rs, 0, UINT64_MAX, width, &plan));
     std::vector<uint64_t> scratch;
     return !PlaceDense(sv, static_cast<uint32_t>(u), &plan, &scratch);
   };
@@ -754,6 +756,11 @@ TEST(ScanMerge, DensePlacementOfFourByteValuesAgreesWithBruteForce) {
     narrow[u].min_key = refs[u].min_key + 1;
     EXPECT_TRUE(refused(good, count, narrow));
   }
+}
+
+TEST(ScanMerge, DensePlacementOfVarintKeysAgreesWithBruteForce) {
+  CheckVarintStaging(ValueType::kFloat32, 4);
+  CheckVarintStaging(ValueType::kInt64, 8);
 }
 
 TEST(ScanMerge, DensePlacementRefusesPagesThatDisagreeWithTheirMetadata) {

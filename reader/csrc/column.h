@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
-#include <thread>
 #include <utility>
 #include <vector>
 

@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <map>
 #include <new>
-#include <system_error>
 #include <unordered_map>
 
 #include "reader/csrc/column.h"

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <system_error>
 #include <type_traits>
 
 #include "reader/csrc/key_index.h"
@@ -894,10 +893,7 @@ void DenseSweep::SweepTo(Sweeper* c, uint64_t bound) {
                                    [&](uint32_t j) { return c->at[j] == plan.base[j] + plan.staged[j]; }),
                     c->active.end());
     // The window into the output, merged with the buffered items. A window whose every key
-    // has a current version and no buffered item is one block copy, its items per seq rank
-    // counted by runs; elsewhere they are counted in four tables by slot (consecutive slots
-    // mostly hold the same rank, and one counter would make every increment wait for the
-    // previous one's store).
+    // has a current version and no buffered item is one block copy; elsewhere slot by slot.
     uint64_t* __restrict kp = col_->keys.data();
     uint8_t* vp = col_->values.data();
     const uint32_t* __restrict tags = c->tags.data();

@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "reader/csrc/column.h"

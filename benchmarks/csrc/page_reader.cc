@@ -26,6 +26,7 @@
 // Prints one JSON line of totals on stdout.
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -240,9 +241,13 @@ int main(int argc, char** argv) {
     if (total > buf_cap) {
       std::free(buf);
       buf_cap = std::max<size_t>(total, buf_cap * 2);
-      buf_cap = (buf_cap + 4095) / 4096 * 4096;
-      buf = static_cast<uint8_t*>(std::aligned_alloc(4096, buf_cap));
+      // On 2 MiB transparent huge pages, as the engine's ring slots are (reader/csrc/io_ring.cc
+      // AlignedBuffer): reads into 4 KiB pages took this virtual disk markedly longer.
+      constexpr size_t kHuge = 2u << 20;
+      buf_cap = (buf_cap + kHuge - 1) / kHuge * kHuge;
+      buf = static_cast<uint8_t*>(std::aligned_alloc(kHuge, buf_cap));
       if (!buf) Die("out of memory");
+      madvise(buf, buf_cap, MADV_HUGEPAGE);
       reader.Register(buf, buf_cap);
     }
     if (out_keys.size() < items_in) {
@@ -298,10 +303,31 @@ int main(int argc, char** argv) {
         if (r != prefix) return;
         while (prefix < reqs.size() && ready[prefix]) prefix++;
         const uint8_t* limit = reqs[prefix - 1].dst + reqs[prefix - 1].len;
-        for (; c.left > 0 && c.p < limit; advance(c)) {
-          std::memcpy(&out_keys[nout], c.p, 8);
-          std::memcpy(&out_vals[nout * vbytes], c.p + 8, vbytes);
-          nout++;
+        // A page's items at a time (requests end on page boundaries); 8-byte values, the
+        // benchmark's default, with fixed-size copies the compiler inlines.
+        while (c.left > 0 && c.p < limit) {
+          const uint64_t m = std::min(c.left, c.left_in_page);
+          const uint8_t* p = c.p;
+          uint64_t* ko = &out_keys[nout];
+          uint8_t* vo = &out_vals[nout * vbytes];
+          if (vbytes == 8) {
+            for (uint64_t j = 0; j < m; j++, p += 16) {
+              std::memcpy(ko + j, p, 8);
+              std::memcpy(vo + j * 8, p + 8, 8);
+            }
+          } else {
+            for (uint64_t j = 0; j < m; j++, p += item) {
+              std::memcpy(ko + j, p, 8);
+              std::memcpy(vo + j * vbytes, p + 8, vbytes);
+            }
+          }
+          nout += m;
+          c.left -= m;
+          c.p += m * item;
+          if ((c.left_in_page -= m) == 0) {
+            c.p += pad;
+            c.left_in_page = ipp;
+          }
         }
       });
       t_io = Now();

@@ -487,7 +487,7 @@ class Store:
     def last_read_stats(self) -> dict:
         """pages_read, bytes_read, useful_bytes, items, seconds, read_amplification of this
         thread's last scan / scan_many / get."""
-        self._s.features()  # raises StoreClosedError after close()
+        self._s.check_open()  # raises StoreClosedError after close()
         return dict(getattr(self._tls, "stats", {}) or {})
 
     # -- embedding rows ----------------------------------------------------------------

@@ -240,7 +240,7 @@ def test_second_open_other_process(store, store_path, tmp_path):
 
 
 @pytest.mark.parametrize("op", ["put", "delete", "scan", "scan_many", "get", "flush", "sync",
-                                "stats", "features", "create_feature"])
+                                "stats", "features", "create_feature", "last_read_stats"])
 def test_use_after_close(store, store_path, opts, op):
     store.close()
     calls = {
@@ -254,6 +254,7 @@ def test_use_after_close(store, store_path, opts, op):
         "stats": store.stats,
         "features": store.features,
         "create_feature": lambda: store.create_feature("new", "int64"),
+        "last_read_stats": store.last_read_stats,
     }
     with pytest.raises(StoreClosedError) as ei:
         calls[op]()

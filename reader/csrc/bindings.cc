@@ -146,6 +146,9 @@ class PyStore {
     return py::make_tuple(d.id, d.TypeString(), d.dim);
   }
 
+  // Raises StoreClosedError after close(); nothing else (what last_read_stats needs).
+  void CheckOpen() { Check(s_->CheckOpenStatus()); }
+
   py::list Features() {
     Check(s_->CheckOpenStatus());
     py::list l;
@@ -330,6 +333,7 @@ void InitReader(py::module_& m) {
       .def("create_feature", &PyStore::CreateFeature)
       .def("lookup", &PyStore::Lookup)
       .def("features", &PyStore::Features)
+      .def("check_open", &PyStore::CheckOpen)
       .def("put", &PyStore::Put, py::arg("feature"), py::arg("keys"), py::arg("values"), py::arg("offsets") = py::none())
       .def("delete", &PyStore::Delete)
       .def("flush", &PyStore::Flush, py::arg("force") = false)

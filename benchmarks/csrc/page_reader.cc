@@ -41,6 +41,7 @@
 #include <queue>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -307,19 +308,19 @@ int main(int argc, char** argv) {
         // benchmark's default, with fixed-size copies the compiler inlines.
         while (c.left > 0 && c.p < limit) {
           const uint64_t m = std::min(c.left, c.left_in_page);
-          const uint8_t* p = c.p;
-          uint64_t* ko = &out_keys[nout];
-          uint8_t* vo = &out_vals[nout * vbytes];
+          auto copy = [&](auto vb) {  // vb: the value bytes, a constant for 8
+            const uint8_t* p = c.p;
+            uint64_t* ko = &out_keys[nout];
+            uint8_t* vo = &out_vals[nout * vb];
+            for (uint64_t j = 0; j < m; j++, p += 8 + vb) {
+              std::memcpy(ko + j, p, 8);
+              std::memcpy(vo + j * vb, p + 8, vb);
+            }
+          };
           if (vbytes == 8) {
-            for (uint64_t j = 0; j < m; j++, p += 16) {
-              std::memcpy(ko + j, p, 8);
-              std::memcpy(vo + j * 8, p + 8, 8);
-            }
+            copy(std::integral_constant<uint32_t, 8>{});
           } else {
-            for (uint64_t j = 0; j < m; j++, p += item) {
-              std::memcpy(ko + j, p, 8);
-              std::memcpy(vo + j * vbytes, p + 8, vbytes);
-            }
+            copy(vbytes);
           }
           nout += m;
           c.left -= m;

@@ -1,6 +1,5 @@
 #include "reader/csrc/io_ring.h"
 
-#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <cstring>
 #include <map>
 
+#include "reader/csrc/column.h"
 #include "reader/csrc/fault_injection.h"
 
 namespace recflash {
@@ -34,29 +34,37 @@ std::vector<PageRun> CoalescePages(const std::vector<uint32_t>& pages, uint32_t 
   return runs;
 }
 
-// From 2 MiB up the buffer is 2 MiB aligned and advised for transparent huge pages: reads into
-// huge pages took markedly less device time on this virtual disk (the compacted layout of the
-// compaction benchmark, 1,312 feature reads of 777 MB: device busy 556-628 ms vs 715-1,239 ms,
-// read time 0.47-0.52 vs 0.61-0.95 s), likely because the host then sees a 256 KiB read as one
-// memory segment instead of up to 64. An unaligned 8 MiB ring had a quarter of it on 4 KiB pages.
+// From 2 MiB up the buffer comes from HugeAllocate (column.h): 2 MiB aligned and advised for
+// transparent huge pages. Reads into huge pages took markedly less device time on this virtual
+// disk (the compacted layout of the compaction benchmark, 1,312 feature reads of 777 MB: device
+// busy 494-602 ms vs 652-1,042 ms, read time 0.39-0.50 vs 0.51-0.72 s), likely because the host
+// then sees a 256 KiB read as one memory segment instead of up to 64. posix_memalign(4096) had
+// left a quarter of an 8 MiB ring on 4 KiB pages.
+constexpr size_t kHugeBuffer = 2u << 20;
+
 AlignedBuffer::AlignedBuffer(size_t bytes) : n_(bytes) {
-  constexpr size_t kHuge = 2u << 20;
-  void* p = nullptr;
-  if (bytes >= kHuge) {
-    const size_t n = (bytes + kHuge - 1) & ~(kHuge - 1);
-    if (posix_memalign(&p, kHuge, n) != 0) throw std::bad_alloc();
-    ::madvise(p, n, MADV_HUGEPAGE);  // advice only: small pages still work if refused
-  } else if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) {
-    throw std::bad_alloc();
+  if (bytes >= kHugeBuffer) {
+    p_ = static_cast<uint8_t*>(HugeAllocate(bytes));
+    return;
   }
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) throw std::bad_alloc();
   p_ = static_cast<uint8_t*>(p);
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(p_); }
+void AlignedBuffer::Free() {
+  if (n_ >= kHugeBuffer) {
+    HugeFree(p_, n_);
+  } else {
+    std::free(p_);
+  }
+}
+
+AlignedBuffer::~AlignedBuffer() { Free(); }
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   if (this != &o) {
-    std::free(p_);
+    Free();
     p_ = o.p_;
     n_ = o.n_;
     o.p_ = nullptr;

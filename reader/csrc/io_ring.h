@@ -45,6 +45,8 @@ class AlignedBuffer {
   }
 
  private:
+  void Free();
+
   uint8_t* p_ = nullptr;
   size_t n_ = 0;
 };

@@ -153,6 +153,7 @@ class ReadLog:
         self.engine_seconds = np.full(n, np.nan)
         self.bytes = np.zeros(n, np.int64)
         self.pages = np.zeros(n, np.int64)
+        self.requests = np.full(n, -1, np.int64)  # device reads (runs of adjacent pages); -1: not reported
         self.items = np.zeros(n, np.int64)
         self.sums = np.zeros(n, np.uint64)
         self.cpu_s = 0.0
@@ -168,6 +169,11 @@ class ReadLog:
             "read_breakdown": read_breakdown(wl, self.seconds, self.bytes, self.items),
             "verify_errors": verify(wl.sizes[wl.reads], wl.expected[wl.reads], self.items, self.sums),
         }
+        if (self.requests >= 0).all():
+            # On a device whose requests have a fixed cost, how many reads the bytes took
+            # decides read time as much as the bytes do.
+            out["read_requests"] = int(self.requests.sum())
+            out["bytes_per_read_request"] = float(self.bytes.sum() / max(1, self.requests.sum()))
         if not np.isnan(self.io_seconds).all():
             out["read_io_time_s"] = float(np.nansum(self.io_seconds))
         if not np.isnan(self.engine_seconds).all():
@@ -600,6 +606,7 @@ class ReaderRunner(Runner):
             L.engine_seconds[i] = rs["seconds"]
             L.bytes[i] = rs["bytes_read"]
             L.pages[i] = rs["pages_read"]
+            L.requests[i] = rs["read_requests"]
             self.engine_useful += rs["useful_bytes"]
             self.enc += rs.get("encoded_bytes", 0.0)
             c1 = time.process_time()

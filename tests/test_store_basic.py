@@ -24,7 +24,7 @@ STATS_KEYS = [
     "disk_bytes_per_item", "flushes", "fragmentation", "features", "pinner", "merger",
     "reclaimer",
 ]
-READ_STATS_KEYS = ["pages_read", "bytes_read", "useful_bytes", "seconds", "read_amplification"]
+READ_STATS_KEYS = ["pages_read", "read_requests", "bytes_read", "useful_bytes", "seconds", "read_amplification"]
 
 
 def keys_of(*ks):
@@ -504,6 +504,40 @@ def test_last_read_stats(store_path, opts):
         assert agg["bytes_read"] > 0 and agg["useful_bytes_read"] > 0
         assert agg["read_amplification"] == pytest.approx(
             agg["bytes_read"] / agg["useful_bytes_read"], rel=1e-4)
+
+
+def test_read_requests_count_runs_of_adjacent_pages(store_path):
+    """read_requests counts the device reads a scan's pages took: runs of adjacent pages, each
+    up to max_io_bytes; pages of a feature written in separate flushes between another
+    feature's pages each cost a read of their own."""
+    rng = np.random.default_rng(7)
+    per_read = 4
+    opts = small_options(max_io_bytes=per_read * PAGE_SIZE, merger_enabled=False, pinner_enabled=False)
+    with Store.open(store_path, opts) as s:
+        for f in ("packed", "a", "b"):
+            s.create_feature(f, "int64")
+        keys = np.sort(rng.choice(1 << 40, 6000, replace=False)).astype(U64)
+        s.put("packed", keys, rng.integers(0, 1 << 62, keys.size))
+        s.flush()
+        # "a" and "b" alternate, one page-sized batch per flush: their pages interleave.
+        per_page = PAGE_SIZE // 20
+        for i in range(5):
+            for f in ("a", "b"):
+                k = np.sort(rng.choice(1 << 40, per_page, replace=False)).astype(U64)
+                s.put(f, k, rng.integers(0, 1 << 62, k.size))
+                s.flush()
+    with Store.open(store_path, opts) as s:
+        s.scan("packed")
+        packed = s.last_read_stats()
+        assert packed["pages_read"] > per_read, packed
+        assert packed["read_requests"] == -(-packed["pages_read"] // per_read), packed
+        assert s.account_scan("packed")["read_requests"] == packed["read_requests"]
+        s.scan("a")
+        a = s.last_read_stats()
+        assert a["pages_read"] >= 5 and a["read_requests"] == a["pages_read"], a
+        assert s.account_scan("a")["read_requests"] == a["read_requests"]
+        total = s.stats()["read_requests"]
+        assert total == packed["read_requests"] + a["read_requests"]
 
 
 def test_stats_keys_and_sane_values(store_path, opts):

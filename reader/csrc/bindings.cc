@@ -42,6 +42,7 @@ namespace {
 py::dict ReadStatsDict(const ReadStats& st) {
   py::dict d;
   d["pages_read"] = st.pages_read;
+  d["read_requests"] = st.read_requests;
   d["bytes_read"] = st.bytes_read;
   d["useful_bytes"] = st.useful_bytes;
   d["items"] = st.items;

@@ -94,6 +94,11 @@ struct ReadStats {
   // bytes_read / encoded_bytes is the layout's read amplification (1.0 = only own bytes),
   // independent of how well keys compress.
   double encoded_bytes = 0;
+  // Device reads the pages took: runs of adjacent pages, each up to max_io_bytes, as the
+  // scan coalesces them. On a device whose requests have a fixed cost, this and not only the
+  // bytes sets the read time (a feature whose pages lie in many short runs reads slower per
+  // byte than one in a few long runs).
+  uint64_t read_requests = 0;
   uint64_t items = 0;
   double seconds = 0;
 };

@@ -214,7 +214,9 @@ class StoreImpl final : public Store {
   // `idle`: see IoRing::ReadRuns.
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
                    const IoRing::IdleFn& idle = nullptr);
-  void FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st);
+  // `pids`: the pages read, in read order (their runs are the device reads).
+  void FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items, double t0,
+                  ReadStats* st);
   Status CheckOpen();
   Status CheckReadable();
   BlockSums* LoadedBlockSums();  // null when block reads are not verified
@@ -273,7 +275,7 @@ class StoreImpl final : public Store {
   std::atomic<bool> closed_{false};
 
   // Counters.
-  std::atomic<uint64_t> pages_read_{0}, bytes_read_{0}, useful_bytes_read_{0}, reads_{0};
+  std::atomic<uint64_t> pages_read_{0}, bytes_read_{0}, useful_bytes_read_{0}, reads_{0}, read_requests_{0};
   // Feature scans resolved through the key index, and those that fell back to the k-way
   // merge because the index and the snapshot's pages disagreed (a writer mid-install).
   std::atomic<uint64_t> index_merges_{0}, index_merge_fallbacks_{0};

@@ -49,9 +49,12 @@ Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pi
   }, idle, o_.read_inflight_bytes);
 }
 
-void StoreImpl::FinishRead(uint64_t pages, uint64_t useful, double encoded, uint64_t items, double t0, ReadStats* st) {
-  st->pages_read = pages;
-  st->bytes_read = pages * static_cast<uint64_t>(o_.page_size);
+void StoreImpl::FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items,
+                           double t0, ReadStats* st) {
+  const uint64_t requests = CoalescePages(pids, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size)).size();
+  st->pages_read = pids.size();
+  st->read_requests = requests;
+  st->bytes_read = pids.size() * static_cast<uint64_t>(o_.page_size);
   st->useful_bytes = useful;
   st->encoded_bytes = encoded;
   st->items = items;
@@ -60,6 +63,7 @@ void StoreImpl::FinishRead(uint64_t pages, uint64_t useful, double encoded, uint
   bytes_read_ += st->bytes_read;
   useful_bytes_read_ += useful;
   encoded_bytes_read_ = encoded_bytes_read_ + encoded;
+  read_requests_ += requests;
   reads_++;
 }
 
@@ -533,7 +537,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     encoded += sink.encoded;
     items += col.keys.size();
   }
-  FinishRead(pids.size(), useful, encoded, items, t0, st);
+  FinishRead(pids, useful, encoded, items, t0, st);
   return Status::OK();
 }
 
@@ -671,7 +675,7 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
     }
     if (!w) out->offsets.push_back(static_cast<int32_t>(out->values.size() / elem));
   }
-  FinishRead(pids.size(), useful, encoded, items, t0, st);
+  FinishRead(pids, useful, encoded, items, t0, st);
   return Status::OK();
 }
 
@@ -702,6 +706,9 @@ Status StoreImpl::AccountScan(const std::string& name, ReadStats* st) {
       if (sm.fid == def.id && !sm.retired) encoded += sm.live_disk_bytes();
   *st = ReadStats();
   st->pages_read = f->pages.size();
+  std::vector<uint32_t> pids(f->pages.begin(), f->pages.end());
+  std::sort(pids.begin(), pids.end());
+  st->read_requests = CoalescePages(pids, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size)).size();
   st->bytes_read = f->pages.size() * static_cast<uint64_t>(o_.page_size);
   st->useful_bytes = f->live_bytes;
   st->encoded_bytes = encoded;

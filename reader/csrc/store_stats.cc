@@ -126,6 +126,7 @@ std::string StoreImpl::StatsJson() {
   j.KV("bytes_read", static_cast<double>(bytes_read_));
   j.KV("useful_bytes_read", static_cast<double>(useful_bytes_read_));
   j.KV("reads", static_cast<double>(reads_));
+  j.KV("read_requests", static_cast<double>(read_requests_));
   j.KV("index_merges", static_cast<double>(index_merges_));
   j.KV("lane_scans", static_cast<double>(lane_scans_));
   j.KV("index_merge_fallbacks", static_cast<double>(index_merge_fallbacks_));

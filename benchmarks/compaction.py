@@ -93,8 +93,10 @@ ITEMS_PER_FEATURE = 40_000  # default F = N / 40 000 (clamped to [16, 2000])
 PAPER_READS = 60_000  # the paper's feature reads at XS (80 M items)
 #: READER sweep: merge_threshold values (other options at the engine's defaults), the
 #: read-optimised end with merge_low_benefit_frac varied (1.0: any page may be gathered), and
-#: compact() after the updates (the engine's full merge, e.g. before a training epoch).
-DEFAULT_SWEEP = "1.1,1.25,2,3,mt=1.1;lbf=1.0,compact"
+#: compact() after the updates (the engine's full merge, e.g. before a training epoch), and
+#: the merger gathering pages outside the feature's runs first (merge_run_weight 1: fewer
+#: device reads per scan for some more rewriting).
+DEFAULT_SWEEP = "1.1,1.25,2,3,mt=1.1;lbf=1.0,rw=1,compact"
 QUICK = dict(items=200_000, update_factor=1.0, sweep="1.1,3,mt=1.1;lbf=1.0,compact")
 ALL_STRATEGIES = ["opt", "lsm", "rocksdb", "rocksdb-universal", "reader", "reader-sweep",
                   "reader-nopin", "reader-nomerge"]
@@ -400,7 +402,8 @@ class RocksRunner(Runner):
 # ----------------------------------------------------------------------------- reader
 
 SWEEP_ALIASES = {"mt": "merge_threshold", "lbf": "merge_low_benefit_frac", "tf": "merge_target_frac",
-                 "slack": "merge_min_slack_pages", "pin": "pinner_enabled", "merge": "merger_enabled"}
+                 "slack": "merge_min_slack_pages", "rw": "merge_run_weight", "pin": "pinner_enabled",
+                 "merge": "merger_enabled"}
 COMPACT = "compact() before reads"
 
 
@@ -914,7 +917,7 @@ def plot_frontier(doc: dict, path: str) -> None:
                         color="#1f77b4", label="READER (merge_threshold sweep)")
                 for r in sweep:
                     lab = "default" if r["config"] == "default" else r["config"].replace("merge_threshold=", "mt=") \
-                        .replace(",merge_low_benefit_frac=", ",lbf=")
+                        .replace(",merge_low_benefit_frac=", ",lbf=").replace("merge_run_weight=", "rw=")
                     ax.annotate(lab, (r["update_amplification"], r[field]), fontsize=7, xytext=(4, 4),
                                 textcoords="offset points")
             for r in sub:

@@ -106,6 +106,11 @@ class StoreOptions:
     #: Extra pages any feature may hold before it becomes a victim (tiny features would
     #: otherwise be rewritten whole after nearly every flush that touches them).
     merge_min_slack_pages: float = 1.0
+    #: How much a page's place in a victim's runs of adjacent pages counts when its pages are
+    #: gathered (in pages of payload): pages alone are gathered before pages inside a run, so
+    #: merges leave a feature in fewer, longer runs (fewer device reads per scan) at some more
+    #: bytes rewritten. 0: emptiest first only.
+    merge_run_weight: float = 0.0
     #: Space reclamation: rewrite the least-utilised pages when pages in use exceed
     #: space_amp_limit x the pages the live data needs, down to space_amp_target.
     reclaim_enabled: bool = True

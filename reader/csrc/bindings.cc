@@ -106,6 +106,7 @@ const OptionField<StoreOptions> kStoreOptions[] = {
     RF_OPTION("merge_low_benefit_frac", merger.low_benefit_frac),
     RF_OPTION("merge_target_frac", merger.target_frac),
     RF_OPTION("merge_min_slack_pages", merger.min_slack_pages),
+    RF_OPTION("merge_run_weight", merger.run_weight),
     RF_OPTION("reclaim_enabled", reclaim.enabled),
     RF_OPTION("space_amp_limit", reclaim.space_amp_limit),
     RF_OPTION("space_amp_target", reclaim.space_amp_target),

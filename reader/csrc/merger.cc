@@ -11,13 +11,17 @@ uint32_t PagePayload(uint32_t page_size) { return page_size - sizeof(PageHeader)
 
 namespace {
 
+// F's live on-disk bytes in page pm.
+double LiveBytesOf(const FeatureState& f, const PageMeta& pm) {
+  double b = 0;
+  for (const auto& s : pm.segs)
+    if (s.fid == f.def.id && !s.retired) b += s.live_disk_bytes();
+  return b;
+}
+
 double LiveDiskBytes(const FeatureState& f, const LogicalPageTable& pt) {
   double b = 0;
-  for (uint32_t p : f.pages) {
-    const PageMeta& pm = pt.at(p);
-    for (const auto& s : pm.segs)
-      if (s.fid == f.def.id && !s.retired) b += s.live_disk_bytes();
-  }
+  for (uint32_t p : f.pages) b += LiveBytesOf(f, pt.at(p));
   return b;
 }
 
@@ -41,13 +45,17 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
     stats_.checks++;
     if (f->pages.size() < 2) continue;
     double live = 0;
-    std::vector<std::pair<double, uint32_t>> fill;  // (F's live bytes in the page, page)
+    struct Candidate {
+      double order;  // gathered in ascending order: F's live bytes in the page (+ run_weight's term)
+      double bytes;  // F's live bytes in the page
+      uint32_t page;
+      bool operator<(const Candidate& o) const { return order < o.order || (order == o.order && page < o.page); }
+    };
+    std::vector<Candidate> fill;
     for (uint32_t p : f->pages) {
-      for (const auto& s : pt.at(p).segs) {
-        if (s.fid != f->def.id || s.retired) continue;
-        live += s.live_disk_bytes();
-        if (s.live_disk_bytes() < o_.low_benefit_frac * payload) fill.emplace_back(s.live_disk_bytes(), p);
-      }
+      const double b = LiveBytesOf(*f, pt.at(p));
+      live += b;
+      if (b < o_.low_benefit_frac * payload) fill.push_back({b, b, p});
     }
     const double ideal = std::max(1.0, std::ceil(live / payload));
     const double have = static_cast<double>(f->pages.size());
@@ -55,20 +63,40 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
     // touches it triggers a rewrite of all its data, while reading one more page in the
     // same batch costs almost nothing in time.
     if (have - ideal <= std::max((o_.threshold - 1.0) * ideal, o_.min_slack_pages)) continue;
-    // Emptiest pages first: they give the most page reduction per byte rewritten.
+    // Emptiest pages first: they give the most page reduction per byte rewritten. With
+    // run_weight, a page's place in the feature's runs of adjacent pages counts too: a scan
+    // reads each run with one request, and on a device whose requests cost more than their
+    // bytes (a virtualised disk measured here read 16 KiB at 1.0 GB/s and 256 KiB at
+    // 1.9 GB/s, both 8 deep), a feature whose pages lie in many short runs reads slower than
+    // its pages say. Gathering a page with no neighbour of the feature removes a request;
+    // one between two splits a run and adds one; the merged pages go out as one run.
+    // Measured (compaction benchmark, 7 M items, uniform updates): run_weight 1 cut READER's
+    // device reads 28 % (76 k to 55 k) and the disk's summed request time 30 %, at update
+    // amplification 2.77 instead of 2.56, but not its read time (3.36 vs 3.35 s in the same
+    // interleaved rounds): that disk completes a scan's requests in one burst whose length
+    // follows the bytes. So it is off by default, a knob for devices where requests cost.
+    if (o_.run_weight > 0) {
+      std::vector<uint32_t> mine(f->pages.begin(), f->pages.end());
+      std::sort(mine.begin(), mine.end());
+      auto has = [&](uint32_t p) { return std::binary_search(mine.begin(), mine.end(), p); };
+      for (Candidate& c : fill) {
+        const int splits = static_cast<int>(c.page > 0 && has(c.page - 1)) + static_cast<int>(has(c.page + 1)) - 1;
+        c.order += o_.run_weight * payload * splits;
+      }
+    }
     std::sort(fill.begin(), fill.end());
     const double want = std::max(ideal, std::floor(ideal * target));
     double gathered = 0, after = have;
     size_t k = 0;
     while (k < fill.size() && after > want) {
-      gathered += fill[k].first;
+      gathered += fill[k].bytes;
       k++;
       after = have - static_cast<double>(k) + std::ceil(gathered / payload);
     }
     if (k < 2 || after >= have) continue;  // no page to win
     stats_.victims++;
     stats_.pages_gathered += k;
-    for (size_t i = 0; i < k; i++) tasks.push_back({fill[i].second, f->def.id});
+    for (size_t i = 0; i < k; i++) tasks.push_back({fill[i].page, f->def.id});
   }
   return tasks;
 }

@@ -36,6 +36,11 @@ struct MergerOptions {
   double target_frac = 0.5;       // merge down to 1 + (threshold - 1) * target_frac
   double low_benefit_frac = 0.9;  // never gather a page the feature fills this much of
   double min_slack_pages = 1.0;   // extra pages any feature may hold before it is a victim
+  // How much a page's place in the victim's runs of adjacent pages counts in the order pages
+  // are gathered, in pages of payload: gathering a page between two of the feature's pages
+  // splits a run (one more device read per scan), one with neither ends a read. 0: emptiest
+  // first only (see the comment on the rule above Plan).
+  double run_weight = 0.0;
 };
 
 struct ReclaimOptions {

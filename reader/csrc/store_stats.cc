@@ -196,6 +196,7 @@ std::string StoreImpl::StatsJson() {
   j.Bool(merger_.options().enabled);
   j.KV("threshold", merger_.options().threshold);
   j.KV("low_benefit_frac", merger_.options().low_benefit_frac);
+  j.KV("run_weight", merger_.options().run_weight);
   j.KV("checks", static_cast<double>(m.checks));
   j.KV("victims", static_cast<double>(m.victims));
   j.KV("pages_gathered", static_cast<double>(m.pages_gathered));

@@ -99,6 +99,46 @@ TEST(Merger, LeavesCompactFeaturesAndSlackAlone) {
   EXPECT_FALSE(Merger(MergerOptions{}).Plan({&frag.f}, frag.pt, kPage).empty());
 }
 
+TEST(Merger, RunWeightGathersPagesOutsideRunsFirst) {
+  // Pages 0-5 are one run of the feature (a merge's output, since thinned by updates); 10, 20
+  // and 30 each stand alone (flushes'). Emptiest first takes the run's pages first, splitting it;
+  // with run_weight the lone pages go first, then the run's ends, its inside last.
+  auto layout = [](Layout* l) {
+    l->f.def.id = 5;
+    const uint32_t payload = PagePayload(kPage);
+    for (uint32_t p = 0; p <= 5; p++) l->AddPage(p, 5, payload * 35 / 100 + p);
+    for (uint32_t p : {10u, 20u, 30u}) l->AddPage(p, 5, payload * 55 / 100 + p);
+    l->AddPage(40, 5, payload);
+  };
+  Layout plain;
+  layout(&plain);
+  const std::vector<MoveTask> emptiest = Merger(MergerOptions{}).Plan({&plain.f}, plain.pt, kPage);
+  ASSERT_FALSE(emptiest.empty());
+  EXPECT_EQ(emptiest.front().page, 0u);
+  EXPECT_LT(emptiest[1].page, 6u);
+
+  Layout l;
+  layout(&l);
+  MergerOptions o;
+  o.run_weight = 1.0;
+  Merger m(o);
+  const std::vector<MoveTask> tasks = m.Plan({&l.f}, l.pt, kPage);
+  ASSERT_GE(tasks.size(), 4u);
+  std::vector<uint32_t> order;
+  for (const MoveTask& t : tasks) order.push_back(t.page);
+  EXPECT_EQ(std::vector<uint32_t>(order.begin(), order.begin() + 3), (std::vector<uint32_t>{10, 20, 30}));
+  EXPECT_TRUE(order[3] == 0 || order[3] == 5) << order[3];
+  for (size_t i = 3; i < order.size(); i++) EXPECT_NE(order[i], 40u);
+  // The run's ends before any page inside it.
+  size_t last_end = 0, first_inside = order.size();
+  for (size_t i = 0; i < order.size(); i++) {
+    if (order[i] == 0 || order[i] == 5) last_end = i;
+    if (order[i] >= 1 && order[i] <= 4) first_inside = std::min(first_inside, i);
+  }
+  EXPECT_LT(last_end, first_inside);
+  EXPECT_EQ(m.stats().pages_gathered, tasks.size());
+}
+
 TEST(Merger, FragmentationDegree) {
   Layout l;
   l.f.def.id = 3;

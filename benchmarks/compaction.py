@@ -156,6 +156,7 @@ class ReadLog:
         self.bytes = np.zeros(n, np.int64)
         self.pages = np.zeros(n, np.int64)
         self.requests = np.full(n, -1, np.int64)  # device reads (runs of adjacent pages); -1: not reported
+        self.io_wait = np.full(n, np.nan)  # engine: time the scan's thread was blocked on the device
         self.items = np.zeros(n, np.int64)
         self.sums = np.zeros(n, np.uint64)
         self.cpu_s = 0.0
@@ -176,6 +177,10 @@ class ReadLog:
             # decides read time as much as the bytes do.
             out["read_requests"] = int(self.requests.sum())
             out["bytes_per_read_request"] = float(self.bytes.sum() / max(1, self.requests.sum()))
+        if not np.isnan(self.io_wait).all():
+            # Of the engine's time, what the scan's own thread spent blocked on the device: the
+            # rest is the engine's work (plans, checksums, placing records) and what waits on it.
+            out["read_io_wait_s"] = float(np.nansum(self.io_wait))
         if not np.isnan(self.io_seconds).all():
             out["read_io_time_s"] = float(np.nansum(self.io_seconds))
         if not np.isnan(self.engine_seconds).all():
@@ -610,6 +615,7 @@ class ReaderRunner(Runner):
             L.bytes[i] = rs["bytes_read"]
             L.pages[i] = rs["pages_read"]
             L.requests[i] = rs["read_requests"]
+            L.io_wait[i] = rs["io_wait_seconds"]
             self.engine_useful += rs["useful_bytes"]
             self.enc += rs.get("encoded_bytes", 0.0)
             c1 = time.process_time()

@@ -24,7 +24,7 @@ STATS_KEYS = [
     "disk_bytes_per_item", "flushes", "fragmentation", "features", "pinner", "merger",
     "reclaimer",
 ]
-READ_STATS_KEYS = ["pages_read", "read_requests", "bytes_read", "useful_bytes", "seconds", "read_amplification"]
+READ_STATS_KEYS = ["pages_read", "read_requests", "io_wait_seconds", "bytes_read", "useful_bytes", "seconds", "read_amplification"]
 
 
 def keys_of(*ks):
@@ -481,6 +481,8 @@ def test_last_read_stats(store_path, opts):
         # useful bytes are logical item bytes: 8 key bytes + the value
         assert full["useful_bytes"] == 20000 * 16, full
         assert full["seconds"] >= 0
+        # the time blocked on the device is part of the read's time
+        assert 0 <= full["io_wait_seconds"] <= full["seconds"], full
         assert full["read_amplification"] == pytest.approx(
             full["bytes_read"] / full["useful_bytes"], rel=1e-4)
         # a packed, never-updated feature: little read amplification (it may be < 1 because

@@ -47,6 +47,7 @@ py::dict ReadStatsDict(const ReadStats& st) {
   d["useful_bytes"] = st.useful_bytes;
   d["items"] = st.items;
   d["seconds"] = st.seconds;
+  d["io_wait_seconds"] = st.io_wait_seconds;
   d["encoded_bytes"] = st.encoded_bytes;
   d["read_amplification"] = st.useful_bytes ? static_cast<double>(st.bytes_read) / st.useful_bytes : 0.0;
   d["read_amplification_encoded"] = st.encoded_bytes > 0 ? st.bytes_read / st.encoded_bytes : 0.0;

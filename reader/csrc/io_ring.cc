@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -103,9 +104,21 @@ IoRing::~IoRing() {
   if (broken_) slots_.release();
 }
 
+namespace {
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
 int IoRing::Submit(unsigned wait_nr, const std::string& path) {
   if (const int e = RF_FAULT(kRingSubmit, path)) return -e;
-  return io_uring_submit_and_wait(&ring_, wait_nr);
+  if (wait_nr == 0) return io_uring_submit_and_wait(&ring_, 0);
+  const double t = Seconds();
+  const int rc = io_uring_submit_and_wait(&ring_, wait_nr);
+  wait_seconds_ += Seconds() - t;
+  return rc;
 }
 
 bool IoRing::SubmitIdleWait(const std::string& path, const IdleFn& idle, unsigned want, unsigned inflight,
@@ -119,8 +132,10 @@ bool IoRing::SubmitIdleWait(const std::string& path, const IdleFn& idle, unsigne
   }
   *status = idle();
   io_uring_cqe* first;
+  const double t = Seconds();
   do rc = io_uring_wait_cqe_nr(&ring_, &first, want);
   while (rc == -EINTR);
+  wait_seconds_ += Seconds() - t;
   if (rc < 0) {
     if (status->ok()) *status = Status::FromErrno("io_uring_wait_cqe", path, -rc);
     *status = Abandon(*status, inflight);
@@ -181,6 +196,7 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
            inflight_bytes + static_cast<uint64_t>(runs[next].count) * page_size <= max_inflight_bytes;
   };
   peak_inflight_bytes_ = 0;
+  wait_seconds_ = 0;
   auto issue = [&](unsigned s) {
     slot[s] = Pending{next, 0};
     inflight_bytes += static_cast<uint64_t>(runs[next++].count) * page_size;
@@ -313,6 +329,7 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
 
 Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb,
                           const IdleFn& idle) {
+  wait_seconds_ = 0;
   std::vector<size_t> slot_block(depth_);
   std::vector<uint32_t> slot_done(depth_, 0);
   std::vector<unsigned> free_slots;

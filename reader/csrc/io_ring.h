@@ -90,6 +90,9 @@ class IoRing {
                   const RunCallback& cb, const IdleFn& idle = nullptr, uint64_t max_inflight_bytes = 0);
   // Most bytes the last ReadRuns had in flight at once (tests: the budget holds).
   uint64_t peak_inflight_bytes() const { return peak_inflight_bytes_; }
+  // Seconds the last ReadRuns or ReadBlocks spent blocked waiting for completions (its
+  // `idle` work excluded): the device's share of the call, the rest was the caller's work.
+  double wait_seconds() const { return wait_seconds_; }
   // Reads arbitrary byte ranges (offset and length aligned to the device's logical block,
   // each at most slot_bytes): the vector-grained path. cb gets the block index and its bytes.
   struct Block {
@@ -125,6 +128,7 @@ class IoRing {
   bool registered_ = false;
   int owner_pid_ = 0;
   uint64_t peak_inflight_bytes_ = 0;
+  double wait_seconds_ = 0;
 };
 
 // A small pool so concurrent readers each get a ring of their own.

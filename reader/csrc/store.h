@@ -101,6 +101,10 @@ struct ReadStats {
   uint64_t read_requests = 0;
   uint64_t items = 0;
   double seconds = 0;
+  // Of `seconds`, the time the reading thread was blocked waiting for the device's
+  // completions (a scan on several threads: the scan's own thread). The rest is the engine's
+  // work: planning, checksums, decoding and placing records.
+  double io_wait_seconds = 0;
 };
 
 // What a row gather did (see Store::GatherRows).

@@ -216,7 +216,7 @@ class StoreImpl final : public Store {
                    const IoRing::IdleFn& idle = nullptr);
   // `pids`: the pages read, in read order (their runs are the device reads).
   void FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items, double t0,
-                  ReadStats* st);
+                  double io_wait, ReadStats* st);
   Status CheckOpen();
   Status CheckReadable();
   BlockSums* LoadedBlockSums();  // null when block reads are not verified

@@ -50,7 +50,8 @@ Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pi
 }
 
 void StoreImpl::FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items,
-                           double t0, ReadStats* st) {
+                           double t0, double io_wait, ReadStats* st) {
+  st->io_wait_seconds = io_wait;
   const uint64_t requests = CoalescePages(pids, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size)).size();
   st->pages_read = pids.size();
   st->read_requests = requests;
@@ -232,7 +233,7 @@ constexpr size_t kLaneMinPages = 8;
 // the lanes share nothing else. A lane's read error stops the others at their next page.
 Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const std::vector<uint32_t>& pids, const PageUsers& users,
                          ScanFeature* f, ColumnData* col, const LaneReadFn& read, const SegmentFn& segment,
-                         const std::function<bool()>& copy_index, double* encoded) {
+                         const std::function<bool()>& copy_index, double* encoded, double* io_wait) {
   struct Lane {
     std::vector<uint64_t> scratch;
     double encoded = 0;
@@ -265,6 +266,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
         plan.Share(l);
         return Status::OK();
       });
+    if (l == 0 && ring.get()) *io_wait = ring.get()->wait_seconds();
     plan.Share(l);  // on every path: the other lanes wait for it
     if (!me.status.ok()) {
       int none = -1;
@@ -486,19 +488,21 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
                             ? static_cast<unsigned>(std::min<size_t>(o_.scan_threads, pids.size() / kLaneMinPages))
                             : 1;
   LaneHelpers::Claim helpers = lanes > 1 ? lane_helpers_->Acquire(lanes - 1) : LaneHelpers::Claim();
+  double io_wait = 0;
   if (helpers.size() > 0) {
     auto read = [this](IoRing* r, const std::vector<uint32_t>& p, const PageFn& fn, const IoRing::IdleFn& idle) {
       return ReadPages(r, p, fn, idle);
     };
     lane_scans_++;
     Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
-                                  &encoded);
+                                  &encoded, &io_wait);
     if (!rs.ok()) return ExplainReadFailure(rs);
   } else if (!pids.empty()) {
     RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
     Status rs = ReadPages(ring.get(), pids, cb, any_indexed ? IoRing::IdleFn(idle) : IoRing::IdleFn());
     if (!rs.ok()) return ExplainReadFailure(rs);
+    io_wait = ring.get()->wait_seconds();
   }
   copy_indexes();  // (no reads: nothing in the range)
 
@@ -537,7 +541,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     encoded += sink.encoded;
     items += col.keys.size();
   }
-  FinishRead(pids, useful, encoded, items, t0, st);
+  FinishRead(pids, useful, encoded, items, t0, io_wait, st);
   return Status::OK();
 }
 
@@ -647,11 +651,13 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
     }
     return Status::OK();
   };
+  double io_wait = 0;
   if (!pids.empty()) {
     RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
     Status rs = ReadPages(ring.get(), pids, cb);
     if (!rs.ok()) return ExplainReadFailure(rs);
+    io_wait = ring.get()->wait_seconds();
   }
   // Output aligned with the request.
   out->keys.assign(keys, keys + n);
@@ -675,7 +681,7 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
     }
     if (!w) out->offsets.push_back(static_cast<int32_t>(out->values.size() / elem));
   }
-  FinishRead(pids, useful, encoded, items, t0, st);
+  FinishRead(pids, useful, encoded, items, t0, io_wait, st);
   return Status::OK();
 }
 

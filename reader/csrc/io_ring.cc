@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 
+#include "reader/csrc/clock.h"
 #include "reader/csrc/column.h"
 #include "reader/csrc/fault_injection.h"
 
@@ -104,20 +104,12 @@ IoRing::~IoRing() {
   if (broken_) slots_.release();
 }
 
-namespace {
-
-double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 int IoRing::Submit(unsigned wait_nr, const std::string& path) {
   if (const int e = RF_FAULT(kRingSubmit, path)) return -e;
   if (wait_nr == 0) return io_uring_submit_and_wait(&ring_, 0);
-  const double t = Seconds();
+  const double t = Now();
   const int rc = io_uring_submit_and_wait(&ring_, wait_nr);
-  wait_seconds_ += Seconds() - t;
+  wait_seconds_ += Now() - t;
   return rc;
 }
 
@@ -132,10 +124,10 @@ bool IoRing::SubmitIdleWait(const std::string& path, const IdleFn& idle, unsigne
   }
   *status = idle();
   io_uring_cqe* first;
-  const double t = Seconds();
+  const double t = Now();
   do rc = io_uring_wait_cqe_nr(&ring_, &first, want);
   while (rc == -EINTR);
-  wait_seconds_ += Seconds() - t;
+  wait_seconds_ += Now() - t;
   if (rc < 0) {
     if (status->ok()) *status = Status::FromErrno("io_uring_wait_cqe", path, -rc);
     *status = Abandon(*status, inflight);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "reader/csrc/clock.h"
 #include "reader/csrc/filename.h"
 #include "reader/csrc/store_impl.h"
 #include "reader/csrc/write_batch.h"
@@ -23,10 +24,6 @@ constexpr int kMinFormatVersion = 2;
 // (about 100 packed pages): below, a thread's start and its partly filled page cost more than
 // it saves, and small flushes keep their one-thread layout.
 constexpr size_t kMinItemsPerBuildThread = 256 * 1024;  // format 2 stores open (their pages stay readable)
-
-inline double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 template <typename T>
 void Append(std::string* s, const T& v) {

@@ -420,6 +420,13 @@ TEST(ScanMerge, IndexPlacementRefusesAnIndexThatDisagrees) {
     if (ik[e] == 4) il[e] = 101;  // key 4's record on page 101 is a tombstone
   ASSERT_TRUE(PlanIndexPlacement(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan));
   EXPECT_FALSE(PlaceIndexed(pages[1].sv, plan, 1, &col, &scratch, &encoded));
+  // A key past the page's last record, in the second half of its slots (placement searches
+  // the two halves side by side): refused by the page.
+  IndexOf(sc.cs, &ik, &il);
+  ik.push_back(UINT64_MAX - 5);
+  il.push_back(100);
+  ASSERT_TRUE(PlanIndexPlacement(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan));
+  EXPECT_FALSE(PlaceIndexed(pages[0].sv, plan, 0, &col, &scratch, &encoded));
 }
 
 TEST(ScanMerge, IndexPlacementChecksTheKeysOfACleanSegment) {

@@ -72,10 +72,11 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
     // one between two splits a run and adds one; the merged pages go out as one run.
     // Measured (compaction benchmark, 7 M items, uniform updates): run_weight 1 cut READER's
     // device reads 28 % (76 k to 55 k) and the disk's summed request time 30 %, at update
-    // amplification 2.77 instead of 2.56, but its read time only 0-6 % (3.45 vs 3.67 s and
-    // 3.61 vs 3.74 s in two runs, 3.36 vs 3.35 s in interleaved rounds): that disk completes a
-    // scan's requests in one burst whose length follows mostly the bytes. So it is off by
-    // default, a knob for devices where requests cost more.
+    // amplification 2.77 instead of 2.56; its read time was 3-17 % lower in three runs
+    // (3.19 vs 3.86 s, 3.45 vs 3.67 s, 3.61 vs 3.74 s) but unchanged in interleaved rounds of
+    // the same stores (3.36 vs 3.35 s): that disk completes a scan's requests in one burst
+    // whose length follows mostly the bytes. So it is off by default, a knob for devices where
+    // requests cost more.
     if (o_.run_weight > 0) {
       std::vector<uint32_t> mine(f->pages.begin(), f->pages.end());
       std::sort(mine.begin(), mine.end());

@@ -300,7 +300,7 @@ Status StoreImpl::Gather::ReadWholePages() {
         if (mine.empty() || mine.back() != p.page) mine.push_back(p.page);
       }
     if (mine.empty()) continue;
-    reqs[r].stats->device_reads += CoalescePages(mine, s_->rings_ ? (s_->o_.max_io_bytes / ps) : 1).size();
+    reqs[r].stats->device_reads += CoalescePages(mine, s_->rings_ ? s_->PagesPerRead() : 1).size();
     reqs[r].stats->device_bytes += mine.size() * static_cast<uint64_t>(ps);
   }
   std::vector<uint64_t> keys;

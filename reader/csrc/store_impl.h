@@ -38,6 +38,7 @@
 // store_gather.cc (embedding-row gathers), store_stats.cc (stats JSON); version_set.h,
 // scan_merge.h, write_batch.h and filename.h hold what they extract.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <deque>
@@ -214,6 +215,8 @@ class StoreImpl final : public Store {
   // `idle`: see IoRing::ReadRuns.
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
                    const IoRing::IdleFn& idle = nullptr);
+  // Pages one device read (a ring slot) holds: max_io_bytes in whole pages, at least one.
+  uint32_t PagesPerRead() const { return std::max(1u, o_.max_io_bytes / o_.page_size); }
   // `pids`: the pages read, in read order (their runs are the device reads).
   void FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items, double t0,
                   double io_wait, ReadStats* st);

@@ -133,7 +133,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true));
     pages_path_ = StoreFileName(path, FileKind::kPages);
     RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io, true));
-    const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
+    const uint32_t slot_bytes = PagesPerRead() * o_.page_size;
     rings_ = IoRingPool::Shared(o_.queue_depth, slot_bytes);
     RF_RETURN_IF_ERROR(rings_->Acquire(&write_ring_));
     block_rings_ = IoRingPool::Shared(128, 4096);
@@ -161,7 +161,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
   // anything in them is: a power loss after a new store's first flush could otherwise leave
   // committed metadata naming pages of a pages.dat that never reached the directory.
   RF_RETURN_IF_ERROR(SyncDir(path));
-  const uint32_t slot_bytes = std::max(o_.page_size, o_.max_io_bytes / o_.page_size * o_.page_size);
+  const uint32_t slot_bytes = PagesPerRead() * o_.page_size;
   rings_ = IoRingPool::Shared(o_.queue_depth, slot_bytes);
   RF_RETURN_IF_ERROR(rings_->Acquire(&write_ring_));
   // Vector-grained reads: 4 KiB slots, 128 in flight. On the virtio disk measured here 256

@@ -52,7 +52,7 @@ Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pi
 void StoreImpl::FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items,
                            double t0, double io_wait, ReadStats* st) {
   st->io_wait_seconds = io_wait;
-  const uint64_t requests = CoalescePages(pids, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size)).size();
+  const uint64_t requests = CoalescePages(pids, PagesPerRead()).size();
   st->pages_read = pids.size();
   st->read_requests = requests;
   st->bytes_read = pids.size() * static_cast<uint64_t>(o_.page_size);
@@ -385,7 +385,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   PlanPlacements(lo, to_end ? UINT64_MAX : hi - 1, lane_helpers_.get(), &fs, out);
   std::sort(pids.begin(), pids.end());
   if (nf == 1 && fs[0].dense_placed)
-    OrderRunsByLowestKey(fs[0], users, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size), &pids);
+    OrderRunsByLowestKey(fs[0], users, PagesPerRead(), &pids);
   // The index copies, taken once the first reads are in flight rather than before them:
   // copying a 70 k-entry feature's index took ~160 µs (its reads ~2.5 ms), all of it before
   // the first read was submitted. They must describe the snapshot v. A writer changes the
@@ -714,7 +714,7 @@ Status StoreImpl::AccountScan(const std::string& name, ReadStats* st) {
   st->pages_read = f->pages.size();
   std::vector<uint32_t> pids(f->pages.begin(), f->pages.end());
   std::sort(pids.begin(), pids.end());
-  st->read_requests = CoalescePages(pids, std::max<uint32_t>(1, o_.max_io_bytes / o_.page_size)).size();
+  st->read_requests = CoalescePages(pids, PagesPerRead()).size();
   st->bytes_read = f->pages.size() * static_cast<uint64_t>(o_.page_size);
   st->useful_bytes = f->live_bytes;
   st->encoded_bytes = encoded;

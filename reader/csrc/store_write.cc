@@ -479,7 +479,7 @@ Status StoreImpl::WritePagesLocked(const std::vector<uint32_t>& ids, const PageP
   // Runs of consecutive ids within one block go out as one write.
   std::vector<PageRun> runs;
   std::vector<const uint8_t*> src;
-  const uint32_t max_run = std::max(1u, o_.max_io_bytes / ps);
+  const uint32_t max_run = PagesPerRead();
   for (size_t i = 0; i < npages; i++) {
     // One write needs the pages contiguous on disk and in memory (a staging block; the
     // threads of a PageBatch fill blocks of their own).

@@ -476,12 +476,14 @@ class Store:
 
     def key_ranges(self, feature: str) -> dict:
         """Per-page key ranges of a feature in this handle's snapshot, ascending by min_key:
-        {"min_key": uint64[], "max_key": uint64[], "items": uint64[]} (ranges overlap where
-        updated keys have older versions not merged yet; items counts records per page).
-        Buffered (unflushed) items are not included. Split points for parallel scans."""
+        {"min_key": uint64[], "max_key": uint64[], "items": uint64[], "page": uint32[]} (ranges
+        overlap where updated keys have older versions not merged yet; items counts records per
+        page; page is the logical page id, the page's slot in pages.dat, at page id x page_size).
+        Buffered (unflushed) items are not included. Split points for parallel scans; the pages
+        are the ones a full scan reads (benchmarks replay them to time the device alone)."""
         self._feature(feature)
-        lo, hi, n = self._s.key_ranges(feature)
-        return {"min_key": lo, "max_key": hi, "items": n}
+        lo, hi, n, page = self._s.key_ranges(feature)
+        return {"min_key": lo, "max_key": hi, "items": n, "page": page}
 
     def account_scan(self, feature: str) -> dict:
         """What a full scan of `feature` would read, from the metadata alone (no I/O):

@@ -79,6 +79,15 @@ def test_quick_json_layout(quick):
     for r in runs:
         assert r["bytes_read"] >= 0.5 * opt["bytes_read"]
     assert doc["targets"] and all("pass" in t for t in doc["targets"])
+    # Every READER row's page reads were replayed with no CPU work (the device floor). The
+    # replay reads the very pages the scans read (it checks the page counts) without the
+    # engine's work, so it cannot take much longer than the scans; 3 x is slack for a shared disk.
+    for r in sweep + [x for x in runs if x["strategy"] in ("reader-nopin", "reader-nomerge")]:
+        assert "device_replay_error" not in r, r.get("device_replay_error")
+        assert _finite(r["read_device_floor_s"]) and r["read_device_floor_s"] > 0
+        assert r["read_device_floor_s"] < 3 * r["read_engine_time_s"], r
+    names = {t["target"].split(":")[0] for t in doc["targets"]}
+    assert {"issue 14 2a", "issue 14 2b", "issue 14 2c"} <= names, names
     env = doc["environment"]
     assert len(env["loadavg_start"]) == 3 and len(env["loadavg_end"]) == 3
     assert os.path.getsize(tmp / "quick_fig6.png") > 10_000

@@ -108,6 +108,8 @@ def test_key_ranges_and_open_ended_range(store_path):
     r = Store.open(store_path, read_only=True)
     kr = r.key_ranges("a")
     assert int(kr["items"].sum()) == len(k)
+    assert kr["page"].dtype == np.uint32 and len(kr["page"]) == len(kr["min_key"])
+    assert r.account_scan("a")["pages_read"] == len(np.unique(kr["page"]))
     assert np.all(np.diff(kr["min_key"].astype(np.int64)) > 0)
     assert np.all(kr["min_key"] <= kr["max_key"])
     cut = int(kr["min_key"][len(kr["min_key"]) // 2])

@@ -538,6 +538,14 @@ def test_read_requests_count_runs_of_adjacent_pages(store_path):
         a = s.last_read_stats()
         assert a["pages_read"] >= 5 and a["read_requests"] == a["pages_read"], a
         assert s.account_scan("a")["read_requests"] == a["read_requests"]
+        # key_ranges names the pages the scan read: "a"'s pages lie between "b"'s, one apart.
+        pa_ = np.sort(s.key_ranges("a")["page"])
+        pb_ = np.sort(s.key_ranges("b")["page"])
+        assert pa_.dtype == np.uint32 and len(pa_) == a["pages_read"] and len(np.unique(pa_)) == len(pa_)
+        assert not set(pa_.tolist()) & set(pb_.tolist())
+        assert np.all(np.diff(pa_.astype(np.int64)) > 1), pa_
+        pp = np.sort(s.key_ranges("packed")["page"])
+        assert len(pp) == packed["pages_read"] and np.all(np.diff(pp.astype(np.int64)) == 1), pp
         total = s.stats()["read_requests"]
         assert total == packed["read_requests"] + a["read_requests"]
 

@@ -17,13 +17,18 @@
 //      0x9E3779B97F4A7C15 + first 8 value bytes) (mod 2^64), taken after the timer as the
 //      engine's reads are checked, that the Python side compares with the expected contents.
 //
-// Usage: page_reader FILES.txt PLAN.bin OUT.bin [--qd N] [--max-io BYTES]
+// Usage: page_reader FILES.txt PLAN.bin OUT.bin [--qd N] [--max-io BYTES] [--inflight-bytes BYTES]
+//                    [--io-only 1]
 //   FILES.txt  one path per line (file index = line number)
 //   PLAN.bin   header {char[4] "RFPR", u32 version=1, u32 page_size, u32 item_bytes, u64 n_ops}
 //              per op {u32 feature, u32 n_ext} then n_ext x {u32 file, u32 rank, u64 first, u64 n}
 //   OUT.bin    per op {f64 seconds, f64 io_seconds, u64 bytes_read, u64 pages_read, u64 items,
 //              u64 checksum}
 // Prints one JSON line of totals on stdout.
+//
+// --io-only 1 reads the pages and delivers nothing (items 0): the device's time for a page
+// set, whatever the pages hold. benchmarks/compaction.py replays the pages of READER's reads
+// this way, so each run shows what the same device reads cost with no CPU work at all.
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/mman.h>
@@ -166,15 +171,19 @@ T Get(std::ifstream& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) Die("usage: page_reader FILES.txt PLAN.bin OUT.bin [--qd N] [--max-io BYTES] [--inflight-bytes BYTES]");
+  if (argc < 4)
+    Die("usage: page_reader FILES.txt PLAN.bin OUT.bin [--qd N] [--max-io BYTES] [--inflight-bytes BYTES] "
+        "[--io-only 1]");
   unsigned qd = 32;
   uint64_t max_io = 256 << 10;
   uint64_t inflight_bytes = 0;
+  bool io_only = false;
   for (int i = 4; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--qd") qd = std::stoul(argv[i + 1]);
     else if (a == "--max-io") max_io = std::stoull(argv[i + 1]);
     else if (a == "--inflight-bytes") inflight_bytes = std::stoull(argv[i + 1]);
+    else if (a == "--io-only") io_only = std::stoul(argv[i + 1]) != 0;
     else Die("unknown option " + a);
   }
   std::vector<int> fds;
@@ -295,7 +304,10 @@ int main(int argc, char** argv) {
       }
     };
     double t_io = t0;
-    if (next == 1) {
+    if (io_only) {
+      reader.Run(reqs, [](uint64_t) {});
+      t_io = Now();
+    } else if (next == 1) {
       Cursor c = start(0);
       std::vector<uint8_t> ready(reqs.size(), 0);
       size_t prefix = 0;  // requests [0, prefix) complete and delivered up to their end

@@ -289,12 +289,15 @@ class PyStore {
     std::vector<PageRef> refs;
     Check(s_->KeyRanges(name, &refs));
     std::vector<uint64_t> lo(refs.size()), hi(refs.size()), n(refs.size());
+    std::vector<uint32_t> page(refs.size());
     for (size_t i = 0; i < refs.size(); i++) {
       lo[i] = refs[i].min_key;
       hi[i] = refs[i].max_key;
       n[i] = refs[i].count - refs[i].tombs;
+      page[i] = refs[i].page;
     }
-    return py::make_tuple(ToNumpy(std::move(lo)), ToNumpy(std::move(hi)), ToNumpy(std::move(n)));
+    return py::make_tuple(ToNumpy(std::move(lo)), ToNumpy(std::move(hi)), ToNumpy(std::move(n)),
+                          ToNumpy(std::move(page)));
   }
 
   py::dict AccountScan(const std::string& name) {

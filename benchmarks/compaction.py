@@ -100,9 +100,10 @@ PAPER_READS = 60_000  # the paper's feature reads at XS (80 M items)
 #: READER sweep: merge_threshold values (other options at the engine's defaults), the
 #: read-optimised end with merge_low_benefit_frac varied (1.0: any page may be gathered), and
 #: compact() after the updates (the engine's full merge, e.g. before a training epoch), and
-#: the merger gathering pages outside the feature's runs first (merge_run_weight 1: fewer
-#: device reads per scan for some more rewriting).
-DEFAULT_SWEEP = "1.1,1.25,2,3,mt=1.1;lbf=1.0,rw=1,compact"
+#: the merger gathering the emptiest pages first whatever their place in the feature's runs
+#: (merge_run_weight 0; the default 1 gathers pages outside the runs first: fewer device reads
+#: per scan for some more rewriting).
+DEFAULT_SWEEP = "1.1,1.25,2,3,mt=1.1;lbf=1.0,rw=0,compact"
 QUICK = dict(items=200_000, update_factor=1.0, sweep="1.1,3,mt=1.1;lbf=1.0,compact")
 ALL_STRATEGIES = ["opt", "lsm", "rocksdb", "rocksdb-universal", "reader", "reader-sweep",
                   "reader-nopin", "reader-nomerge"]

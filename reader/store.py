@@ -109,8 +109,9 @@ class StoreOptions:
     #: How much a page's place in a victim's runs of adjacent pages counts when its pages are
     #: gathered (in pages of payload): pages alone are gathered before pages inside a run, so
     #: merges leave a feature in fewer, longer runs (fewer device reads per scan) at some more
-    #: bytes rewritten. 0: emptiest first only.
-    merge_run_weight: float = 0.0
+    #: bytes rewritten (compaction benchmark: 28 % fewer device reads at update amplification
+    #: 2.77 instead of 2.56). 0: emptiest first only.
+    merge_run_weight: float = 1.0
     #: Space reclamation: rewrite the least-utilised pages when pages in use exceed
     #: space_amp_limit x the pages the live data needs, down to space_amp_target.
     reclaim_enabled: bool = True

@@ -40,7 +40,7 @@ struct MergerOptions {
   // are gathered, in pages of payload: gathering a page between two of the feature's pages
   // splits a run (one more device read per scan), one with neither ends a read. 0: emptiest
   // first only (see the comment on the rule above Plan).
-  double run_weight = 0.0;
+  double run_weight = 1.0;
 };
 
 struct ReclaimOptions {

@@ -112,7 +112,9 @@ TEST(Merger, RunWeightGathersPagesOutsideRunsFirst) {
   };
   Layout plain;
   layout(&plain);
-  const std::vector<MoveTask> emptiest = Merger(MergerOptions{}).Plan({&plain.f}, plain.pt, kPage);
+  MergerOptions emptiest_first;
+  emptiest_first.run_weight = 0.0;
+  const std::vector<MoveTask> emptiest = Merger(emptiest_first).Plan({&plain.f}, plain.pt, kPage);
   ASSERT_FALSE(emptiest.empty());
   EXPECT_EQ(emptiest.front().page, 0u);
   EXPECT_LT(emptiest[1].page, 6u);

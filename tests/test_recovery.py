@@ -282,3 +282,50 @@ def test_clean_close_leaves_no_metadata_log_to_replay(store_path):
         with Store.open(store_path, small_options(), read_only=ro) as s:
             for f, t in want.items():
                 assert s.scan(f).equals(t), f
+
+
+def test_checkpoint_key_outside_its_page_fails_the_first_scan(store_path):
+    """A checkpoint whose bytes are intact (crc) and whose locations and per-page counts agree
+    with the page table, but which places two keys in each other's page (neither page's segment
+    covers the key it is given), is caught when the feature's key index is decoded — its first
+    scan after the open: the scan fails naming the key and the page, and returns no data."""
+    from recflash.reader import CorruptionError, testing
+    rng = np.random.default_rng(3)
+    with Store.open(store_path, small_options()) as s:
+        s.create_feature("a", "int64")
+        k = np.unique(rng.integers(0, 1 << 62, 6000, dtype=np.uint64))  # wide gaps: raw keys (mode 3)
+        s.put("a", k, (k >> np.uint64(2)).astype(np.int64))
+        s.flush()
+        s.put("a", k[::3], np.full(len(k[::3]), -1, np.int64))  # an update: a key index, not append-only
+        s.flush()
+        kr = s.key_ranges("a")
+    ranges = {int(p): (int(lo), int(hi)) for p, lo, hi in zip(kr["page"], kr["min_key"], kr["max_key"])}
+    path = os.path.join(store_path, "CHECKPOINT")
+    data = bytearray(open(path, "rb").read())
+    (_, runs), = _index_runs(bytes(data)).items()
+    # Each entry's key, in index order: the runs cover the keys ascending.
+    keys, at = [], 0
+    for _, _, cnt in runs:
+        keys.append(int(k[at]))
+        at += cnt
+    # Two single-entry runs on different pages, each key outside the other's page.
+    pick = None
+    for i, (_, li, ci) in enumerate(runs):
+        for j in range(len(runs) - 1, i, -1):
+            _, lj, cj = runs[j]
+            if ci == cj == 1 and li != lj:
+                (alo, ahi), (blo, bhi) = ranges[lj], ranges[li]
+                if not alo <= keys[i] <= ahi and not blo <= keys[j] <= bhi:
+                    pick = (i, j)
+                    break
+        if pick:
+            break
+    assert pick, "the layout offers no two single-entry runs on pages of disjoint ranges"
+    i, j = pick
+    data[runs[i][0]:runs[i][0] + 4] = runs[j][1].to_bytes(4, "little")
+    data[runs[j][0]:runs[j][0] + 4] = runs[i][1].to_bytes(4, "little")
+    data[-4:] = testing.crc32c(bytes(data[:-4])).to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+    with Store.open(store_path, small_options(), read_only=True) as s:
+        with pytest.raises(CorruptionError, match=f"places key {keys[i]} in page {runs[j][1]}, whose segment"):
+            s.scan("a")

@@ -72,10 +72,11 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
     // one between two splits a run and adds one; the merged pages go out as one run.
     // Measured (compaction benchmark, 7 M items, uniform updates): run_weight 1 cut READER's
     // device reads 28 % (76 k to 55 k) at update amplification 2.77 instead of 2.56. Read time
-    // was lower in all six runs that had both (2.5-17 %), and so was the time the disk alone
-    // took for the same page reads (replayed with no CPU work: 1.97 vs 2.13 s and 2.11 vs
-    // 2.19 s); a scan's engine time is within ~15 % of that device time, so the layout's
-    // requests, not the engine, decide it. Hence the default 1; 0 gathers emptiest first only.
+    // was lower in seven of eight runs that had both (2.5-17 %) and equal in one, and the time
+    // the disk alone took for the same page reads (replayed with no CPU work) was 4-14 % lower
+    // in all five runs that had it; the device time is most of a scan's time on that disk, so
+    // the layout's requests decide it more than the engine. Hence the default 1; 0 gathers
+    // emptiest first only.
     if (o_.run_weight > 0) {
       std::vector<uint32_t> mine(f->pages.begin(), f->pages.end());
       std::sort(mine.begin(), mine.end());

@@ -329,3 +329,48 @@ def test_checkpoint_key_outside_its_page_fails_the_first_scan(store_path):
     with Store.open(store_path, small_options(), read_only=True) as s:
         with pytest.raises(CorruptionError, match=f"places key {keys[i]} in page {runs[j][1]}, whose segment"):
             s.scan("a")
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_first_full_scan_decodes_the_checkpointed_index_while_reading(store_path, read_only):
+    """A fragmented feature's key index stays encoded after a clean reopen; its first full
+    scan decodes it while the scan's first reads are in flight (one feature on the scan's ring,
+    one large enough for the scan's lanes). Both scans are index merges with no fallback and
+    return exactly what was written; a ranged scan, which decodes first, and a lookup after
+    them agree too."""
+    rng = np.random.default_rng(11)
+    want = {}
+    with Store.open(store_path, small_options()) as s:
+        for name, n in (("small", 3000), ("large", 40000)):
+            s.create_feature(name, "int64")
+            k = np.unique(rng.integers(0, 1 << 40, n, dtype=np.uint64))
+            s.put(name, k, k.astype(np.int64))
+            s.flush()
+            upd = k[rng.random(len(k)) < 0.3]  # updates: overlapping pages, a key index
+            s.put(name, upd, -upd.astype(np.int64))
+            s.flush()
+            v = k.astype(np.int64)
+            v[np.isin(k, upd)] *= -1
+            want[name] = (k, v)
+    with Store.open(store_path, small_options(), read_only=read_only) as s:
+        # (A read-only handle swaps the checkpoint's indexes in at its first scan that needs one.)
+        assert s.stats()["opened_from_checkpoint"] is not read_only
+        before = s.stats()
+        for name, (k, v) in want.items():
+            t = s.scan(name)
+            np.testing.assert_array_equal(t.column("key").to_numpy(), k)
+            np.testing.assert_array_equal(t.column("value").to_numpy(), v)
+        after = s.stats()
+        assert after["index_merges"] - before["index_merges"] == 2
+        assert after["index_merge_fallbacks"] == before["index_merge_fallbacks"]
+        assert after["lane_scans"] - before["lane_scans"] == 1
+        k, v = want["large"]
+        got = s.get("large", k[::7])
+        np.testing.assert_array_equal(got.to_numpy(), v[::7])
+    with Store.open(store_path, small_options(), read_only=read_only) as s:
+        k, v = want["large"]
+        lo, hi = int(k[1000]), int(k[30000])
+        t = s.scan("large", (lo, hi))
+        np.testing.assert_array_equal(t.column("key").to_numpy(), k[1000:30000])
+        np.testing.assert_array_equal(t.column("value").to_numpy(), v[1000:30000])
+        np.testing.assert_array_equal(s.scan("large").column("value").to_numpy(), v)

@@ -138,8 +138,12 @@ class StoreImpl final : public Store {
   // The feature's key index, decoded from its checkpoint bytes on first use (FeatureState::
   // index_lazy). Thread-safe; call before touching f->index.
   Status LoadIndex(FeatureState* f);
-  // Whether f's index is still encoded and is a dense run (a scan can do without it).
-  bool IndexPendingDense(FeatureState* f);
+  // Whether f's index is still encoded (kept from the checkpoint until first use), and of
+  // what kind: a dense run (a scan can do without it) or keys, whose entry count goes into
+  // *entries (read from the header, nothing decoded; a scan decodes them while its first
+  // reads are in flight). kDecodeNow: decoded already, or to be decoded by LoadIndex now.
+  enum class PendingIndex { kDecodeNow, kDense, kKeys };
+  PendingIndex IndexPending(FeatureState* f, uint64_t* entries);
   FeatureState* FeatureStateFor(uint32_t fid);
   void ResetDerivedLocked() RF_REQUIRES(write_mu_, mu_);
   Status CheckWritable();

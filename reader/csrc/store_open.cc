@@ -365,9 +365,18 @@ FeatureState* StoreImpl::FeatureStateFor(uint32_t fid) {
   return const_cast<FeatureState*>(ReaderFeatures().Get(fid));  // LoadIndex fills it, under lazy_mu_
 }
 
-bool StoreImpl::IndexPendingDense(FeatureState* f) {
+StoreImpl::PendingIndex StoreImpl::IndexPending(FeatureState* f, uint64_t* entries) {
   MutexLock l(&lazy_mu_);
-  return f->index_lazy && KeyIndex::SerializedDense(f->index_blob);
+  if (!f->index_lazy) return PendingIndex::kDecodeNow;
+  if (KeyIndex::SerializedDense(f->index_blob)) return PendingIndex::kDense;
+  const char* p = f->index_blob.data();
+  KeyIndex::Summary sum;
+  // Key runs or raw keys only; a deferred index, or a blob that does not parse, is left to
+  // LoadIndex (cheap for the one, an error naming the feature and the file for the other).
+  if (!KeyIndex::Skip(&p, p + f->index_blob.size(), &sum) || (sum.mode != 0 && sum.mode != 3))
+    return PendingIndex::kDecodeNow;
+  *entries = sum.entries;
+  return PendingIndex::kKeys;
 }
 
 Status StoreImpl::LoadIndex(FeatureState* f) {

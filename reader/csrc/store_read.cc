@@ -79,6 +79,8 @@ struct ScanFeature {
   // (copy_indexes in ScanPass); `index_entries` is its size, counted with the snapshot.
   bool indexed = false;
   size_t index_entries = 0;
+  // The index is still encoded from the checkpoint: copy_indexes decodes it (LoadIndex) first.
+  bool decode_pending = false;
   HVec<uint64_t> ikeys;
   HVec<uint32_t> ilocs;
   // Index placement (fixed width, see IndexPlan): the merge done as pages arrive. `placed`
@@ -336,14 +338,28 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     }
   }
   if (o_.read_only && any_wants_index) RF_RETURN_IF_ERROR(TryKeyIndexFromCheckpoint());
+  // Checkpointed key indexes decode on first use. The index-guided merge never runs for a
+  // dense index, so a checkpointed dense one stays encoded (decoding it, 4 B per key, was
+  // the largest cost of a feature's first scan after an open). A full scan decodes a
+  // checkpointed index of keys while its first reads are in flight (copy_indexes below), not
+  // before they are submitted: the decode and its key checks took ~0.2 ms of a fragmented
+  // feature's first scan after an open, its reads ~0.5 ms. A ranged scan needs the decoded
+  // index to count its entries, so it decodes here. A writer's flush between here and the
+  // snapshot below can make a feature overlap whose index is still encoded: that scan merges
+  // the pages' chunks instead.
+  constexpr uint64_t kNotPending = UINT64_MAX;
+  std::vector<uint64_t> pending_entries(nf, kNotPending);
   for (size_t i = 0; i < nf; i++) {
-    // Checkpointed key indexes decode on first use. The index-guided merge never runs for a
-    // dense index, so a checkpointed dense one stays encoded (decoding it, 4 B per key, was
-    // the largest cost of a feature's first scan after an open). A writer's flush between
-    // here and the snapshot below can make a feature overlap whose index is still encoded:
-    // that scan merges the pages' chunks instead.
     if (!wants_index[i]) continue;
-    if (FeatureState* f = FeatureStateFor(fs[i].def.id); f && !IndexPendingDense(f)) RF_RETURN_IF_ERROR(LoadIndex(f));
+    FeatureState* f = FeatureStateFor(fs[i].def.id);
+    if (!f) continue;
+    uint64_t n = 0;
+    const PendingIndex kind = IndexPending(f, &n);
+    if (kind == PendingIndex::kDense) continue;
+    if (kind == PendingIndex::kKeys && lo == 0 && to_end)
+      pending_entries[i] = n;
+    else
+      RF_RETURN_IF_ERROR(LoadIndex(f));
   }
   out->assign(nf, ColumnData());
   std::shared_ptr<const Version> v;
@@ -354,16 +370,22 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     if (closed_) return Status::Closed("store '" + path_ + "' is closed");
     versions_.AssertHeld();
     v = versions_.RegisterLocked();
-    for (ScanFeature& sf : fs) {
+    for (size_t i = 0; i < nf; i++) {
+      ScanFeature& sf = fs[i];
       if (FeatureBuffer* fb = buffer_.find(sf.def.id)) fb->CopyRange(lo, hi, &sf.buf);
       if (!use_index || index_ahead_ || o_.accounting || v->refs(sf.def.id).empty()) continue;
       const FeatureState* f = ReaderFeatures().Get(sf.def.id);
-      // Dense keys (also a dense index not decoded yet): the scatter merge is as fast.
-      if (!f || f->index.dense() || f->index_lazy) continue;
+      if (!f) continue;
+      // Still encoded: decoded by copy_indexes when it was found pending above (another
+      // scan may have decoded it since); otherwise a dense index, or not decoded: the chunk
+      // merges. Dense keys: the scatter merge is as fast.
+      const bool pending = f->index_lazy;
+      if (pending ? pending_entries[i] == kNotPending : f->index.dense()) continue;
       // Direct placement or a plain concatenation; dense placement.
       if (!WantsIndex(v->refs(sf.def.id), sf.def, lo, hi == UINT64_MAX ? UINT64_MAX : hi - 1)) continue;
-      sf.index_entries = f->index.CountRange(lo, hi);
+      sf.index_entries = pending ? pending_entries[i] : f->index.CountRange(lo, hi);
       sf.indexed = true;
+      sf.decode_pending = pending;
     }
   }
   VersionSet::Reader guard(&versions_, v->number);
@@ -396,12 +418,18 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   bool any_indexed = false;
   for (const ScanFeature& f : fs) any_indexed |= f.indexed;
   int index_copy = any_indexed ? 0 : 1;  // 0: not yet; 1: copied (or none); 2: the index moved past the snapshot
+  Status decode_status;                  // a pending index that failed to decode (checked after the reads)
   auto copy_indexes = [&]() -> bool {
     if (index_copy != 0) return index_copy == 1;
+    for (ScanFeature& sf : fs) {
+      if (!sf.decode_pending) continue;
+      sf.decode_pending = false;
+      if (decode_status.ok()) decode_status = LoadIndex(FeatureStateFor(sf.def.id));
+    }
     RF_PAUSE_POINT("scan.before_index_copy");
     MutexLock l(&mu_);
     versions_.AssertHeld();
-    const bool same = !closed_ && !index_ahead_ && versions_.current()->number == v->number;
+    const bool same = decode_status.ok() && !closed_ && !index_ahead_ && versions_.current()->number == v->number;
     for (ScanFeature& sf : fs) {
       if (!sf.indexed) continue;
       const FeatureState* f = same ? ReaderFeatures().Get(sf.def.id) : nullptr;
@@ -477,6 +505,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   size_t next_plan = 0;
   auto idle = [&]() -> Status {
     copy_indexes();
+    RF_RETURN_IF_ERROR(decode_status);
     for (; next_plan < nf; next_plan++)
       if (fs[next_plan].placed && !fs[next_plan].planned) {
         plan(next_plan++);
@@ -496,15 +525,18 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     lane_scans_++;
     Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
                                   &encoded, &io_wait);
+    RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);
   } else if (!pids.empty()) {
     RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
     Status rs = ReadPages(ring.get(), pids, cb, any_indexed ? IoRing::IdleFn(idle) : IoRing::IdleFn());
+    RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);
     io_wait = ring.get()->wait_seconds();
   }
   copy_indexes();  // (no reads: nothing in the range)
+  RF_RETURN_IF_ERROR(decode_status);
 
   uint64_t useful = 0, items = 0;
   for (size_t i = 0; i < nf; i++) {

@@ -424,7 +424,8 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     for (ScanFeature& sf : fs) {
       if (!sf.decode_pending) continue;
       sf.decode_pending = false;
-      if (decode_status.ok()) decode_status = LoadIndex(FeatureStateFor(sf.def.id));
+      FeatureState* f = FeatureStateFor(sf.def.id);
+      if (f && decode_status.ok()) decode_status = LoadIndex(f);  // (none: the copy below finds none either)
     }
     RF_PAUSE_POINT("scan.before_index_copy");
     MutexLock l(&mu_);

@@ -245,3 +245,40 @@ def test_close_stops_the_lane_helpers(store_path):
     assert threads() == before
     with pytest.raises(StoreClosedError):
         st.scan("i")
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("kind,words", [("page_read", "read of pages"), ("ring_submit", "io_uring_submit")])
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_lane_read_errors(store_path, threads, kind, words, nth):
+    """A scan in lanes reads on one ring per lane. An I/O error at any lane's submission or
+    read (the nth call of the scan, when the scan makes that many) fails the scan with the
+    operation and the file named, every lane drains its ring, and the same handle's next
+    scans, in lanes again, return the right data. (How many submissions a scan makes depends
+    on how its completions arrive: at least one per lane.)"""
+    rng = np.random.default_rng(25)
+    st, state = _fill(store_path, rng)
+    st.close()
+    with Store.open(store_path, _opts(scan_threads=threads)) as st:
+        _check(st, state, "i")  # the index decoded: the faulted scan's calls are its own reads
+        lanes0 = st.stats()["lane_scans"]
+        testing.arm(kind, nth=nth, errno=errno.EIO)
+        try:
+            try:
+                tab, err = st.scan("i"), None
+            except IOError_ as e:
+                tab, err = None, e
+            calls = testing.calls(kind)
+        finally:
+            testing.disarm()
+        assert st.stats()["lane_scans"] == lanes0 + 1
+        if calls >= nth:
+            assert err is not None, f"the {nth}th {kind} of {calls} failed, the scan did not"
+            assert words in str(err) and "pages.dat" in str(err), str(err)
+        else:
+            assert err is None, err
+            k, v = state["i"].expect()
+            assert np.array_equal(tab.column("value").to_numpy(), v)
+        for name in state:
+            _check(st, state, name)
+        assert st.stats()["lane_scans"] >= lanes0 + 1 + len(state)

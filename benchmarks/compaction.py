@@ -75,7 +75,6 @@ import datetime
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -88,7 +87,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from baselines.common import build_harness, checksum, drop_caches, log, maxrss_mb  # noqa: E402
+from baselines.common import (PLAN_EXTENT, build_harness, checksum, drop_caches, log, maxrss_mb,  # noqa: E402
+                              plan_header, plan_op, run_page_reader)
 from baselines.lsm import LsmStrategy  # noqa: E402
 from baselines.opt import OptStrategy  # noqa: E402
 from baselines.workload import Workload, WorkloadConfig  # noqa: E402
@@ -263,7 +263,7 @@ class PageFileRunner(Runner):
 
     def read(self, idx: np.ndarray) -> None:
         t = time.perf_counter()
-        binary = build_harness("page_reader", ["-luring"])
+        build_harness("page_reader", ["-luring"])  # (built before the caches are dropped)
         out = os.path.join(self.workdir, f"{self.strategy}-out.bin")
         self.s.write_plan(self.wl.reads[idx], self.files_txt, self.plan)
         if self.drop:
@@ -272,15 +272,7 @@ class PageFileRunner(Runner):
         from recflash.reader import StoreOptions
 
         budget = StoreOptions().read_inflight_bytes
-        proc = subprocess.run([binary, self.files_txt, self.plan, out, "--inflight-bytes", str(budget)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"page_reader failed: {proc.stderr[-3000:]}")
-        info = json.loads(proc.stdout.strip().splitlines()[-1])
-        dt = np.dtype([("seconds", "<f8"), ("io_seconds", "<f8"), ("bytes", "<u8"), ("pages", "<u8"),
-                       ("items", "<u8"), ("checksum", "<u8")])
-        res = np.fromfile(out, dtype=dt)
-        os.unlink(out)
+        res, info = run_page_reader(self.files_txt, self.plan, out, "--inflight-bytes", str(budget))
         L = self.log
         L.seconds[idx], L.io_seconds[idx] = res["seconds"], res["io_seconds"]
         L.bytes[idx], L.pages[idx], L.items[idx], L.sums[idx] = res["bytes"], res["pages"], res["items"], res["checksum"]
@@ -653,46 +645,34 @@ class ReaderRunner(Runner):
         the replay's time little here.) Not part of read time."""
         ps = self.opts.page_size
         ipp = ps // 16  # the plan addresses pages as 16-byte items
-        ext_dt = np.dtype([("file", "<u4"), ("rank", "<u4"), ("first", "<u8"), ("n", "<u8")])
         ops: dict[int, bytes] = {}
-        parts = [struct.pack("<4sIIIQ", b"RFPR", 1, ps, 16, len(idx))]
+        parts = [plan_header(ps, 16, len(idx))]
         for i in idx:
             f = int(self.wl.reads[i])
             if f not in ops:
                 p = np.sort(st.key_ranges(self.names[f])["page"]).astype(np.int64)
-                ext = np.zeros(0, ext_dt)
-                if len(p):
-                    brk = np.flatnonzero(np.diff(p) != 1) + 1
-                    starts, ends = np.r_[0, brk], np.r_[brk, len(p)]
-                    ext = np.zeros(len(starts), ext_dt)
-                    ext["first"] = p[starts].astype(np.uint64) * ipp
-                    ext["n"] = (ends - starts).astype(np.uint64) * ipp
-                ops[f] = struct.pack("<II", f, len(ext)) + ext.tobytes()
+                brk = np.flatnonzero(np.diff(p) != 1) + 1
+                starts, ends = (np.r_[0, brk], np.r_[brk, len(p)]) if len(p) else (p, p)
+                ext = np.zeros(len(starts), PLAN_EXTENT)
+                ext["first"] = p[starts].astype(np.uint64) * ipp
+                ext["n"] = (ends - starts).astype(np.uint64) * ipp
+                ops[f] = plan_op(f, ext)
             parts.append(ops[f])
         plan = os.path.join(self.workdir, f"replay-{os.path.basename(self.path)}.bin")
         files = plan + ".files"
-        out = plan + ".out"
         with open(plan, "wb") as fh:
             fh.write(b"".join(parts))
         with open(files, "w") as fh:
             fh.write(os.path.join(self.path, "pages.dat") + "\n")
         try:
-            proc = subprocess.run([build_harness("page_reader", ["-luring"]), files, plan, out, "--io-only", "1",
-                                   "--max-io", str(self.opts.max_io_bytes),
-                                   "--inflight-bytes", str(self.opts.read_inflight_bytes)],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"page_reader --io-only failed: {proc.stderr[-3000:]}")
-            dt = np.dtype([("seconds", "<f8"), ("io_seconds", "<f8"), ("bytes", "<u8"), ("pages", "<u8"),
-                           ("items", "<u8"), ("checksum", "<u8")])
-            res = np.fromfile(out, dtype=dt)
-            if not np.array_equal(res["pages"], self.log.pages[idx]):
-                raise RuntimeError(f"{self.label}: the replayed page sets differ from the pages the scans read")
-            self.log.device_floor[idx] = res["io_seconds"]
+            res, _ = run_page_reader(files, plan, plan + ".out", "--io-only", "1", "--max-io", str(self.opts.max_io_bytes),
+                                     "--inflight-bytes", str(self.opts.read_inflight_bytes))
         finally:
-            for x in (plan, files, out):
-                if os.path.exists(x):
-                    os.unlink(x)
+            for x in (plan, files):
+                os.unlink(x)
+        if not np.array_equal(res["pages"], self.log.pages[idx]):
+            raise RuntimeError(f"{self.label}: the replayed page sets differ from the pages the scans read")
+        self.log.device_floor[idx] = res["io_seconds"]
 
     def rows(self) -> list[dict]:
         wl = self.wl

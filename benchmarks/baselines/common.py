@@ -2,10 +2,12 @@
 checksums, building the C++ harnesses, dropping the OS page cache."""
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import resource
 import shutil
+import struct
 import subprocess
 import time
 
@@ -148,3 +150,34 @@ import sys  # noqa: E402
 from harness import make_log  # noqa: E402
 
 log = make_log(None, elapsed=True, stream=sys.stderr)
+
+
+# -- page_reader (benchmarks/csrc/page_reader.cc): its plan and result formats -----------------
+
+#: One extent of a plan op: items [first, first + n) of file `file` (rank: LSM file seq).
+PLAN_EXTENT = np.dtype([("file", "<u4"), ("rank", "<u4"), ("first", "<u8"), ("n", "<u8")])
+#: One record of page_reader's OUT.bin per op.
+READER_RESULT = np.dtype([("seconds", "<f8"), ("io_seconds", "<f8"), ("bytes", "<u8"), ("pages", "<u8"),
+                          ("items", "<u8"), ("checksum", "<u8")])
+
+
+def plan_header(page_size: int, item_bytes: int, n_ops: int) -> bytes:
+    return b"RFPR" + struct.pack("<IIIQ", 1, page_size, item_bytes, n_ops)
+
+
+def plan_op(feature: int, extents: np.ndarray) -> bytes:
+    """One op of a plan: the feature and its extents (PLAN_EXTENT records)."""
+    return struct.pack("<II", feature, len(extents)) + np.ascontiguousarray(extents, PLAN_EXTENT).tobytes()
+
+
+def run_page_reader(files_txt: str, plan_bin: str, out_bin: str, *options: str) -> tuple[np.ndarray, dict]:
+    """Runs page_reader over a plan: its per-op results (READER_RESULT) and the totals line."""
+    try:
+        proc = subprocess.run([build_harness("page_reader", ["-luring"]), files_txt, plan_bin, out_bin, *options],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"page_reader {' '.join(options)} failed: {proc.stderr[-3000:]}")
+        return np.fromfile(out_bin, dtype=READER_RESULT), json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        if os.path.exists(out_bin):
+            os.unlink(out_bin)

@@ -19,13 +19,12 @@ count per feature, and finds a victim's valid items by scanning the item -> file
 from __future__ import annotations
 
 import os
-import struct
 import time
 from typing import Optional
 
 import numpy as np
 
-from .common import AlignedBuffer, log, read_direct, write_direct
+from .common import PLAN_EXTENT, AlignedBuffer, plan_header, plan_op, read_direct, write_direct
 from .workload import ItemBuffer, Workload
 
 
@@ -191,16 +190,16 @@ class LsmStrategy:
             for f in files:
                 fl.write(f.path + "\n")
         with open(plan_bin, "wb") as out:
-            out.write(b"RFPR" + struct.pack("<IIIQ", 1, self.page, self.wl.item_bytes, len(reads)))
+            out.write(plan_header(self.page, self.wl.item_bytes, len(reads)))
             per_feature = {}
             for f in np.unique(reads):
                 rows = np.flatnonzero(cnt[:, f] > 0)
-                ext = np.zeros(len(rows), dtype=[("file", "<u4"), ("rank", "<u4"), ("first", "<u8"), ("n", "<u8")])
+                ext = np.zeros(len(rows), PLAN_EXTENT)
                 ext["file"] = rows
                 ext["rank"] = [files[r].seq for r in rows]
                 ext["first"] = first[rows, f]
                 ext["n"] = cnt[rows, f]
-                per_feature[int(f)] = struct.pack("<II", int(f), len(rows)) + ext.tobytes()
+                per_feature[int(f)] = plan_op(int(f), ext)
             for f in reads:
                 out.write(per_feature[int(f)])
 

@@ -15,13 +15,12 @@ Feature reads: the feature's pages, sequentially, O_DIRECT (benchmarks/csrc/page
 from __future__ import annotations
 
 import os
-import struct
 import time
 from typing import Optional
 
 import numpy as np
 
-from .common import O_DIRECT, AlignedBuffer, write_direct
+from .common import O_DIRECT, PLAN_EXTENT, AlignedBuffer, plan_header, plan_op, write_direct
 from .workload import ItemBuffer, Workload
 
 RMW_IO_BYTES = 1 << 20
@@ -139,10 +138,10 @@ class OptStrategy:
         with open(files_txt, "w") as fl:
             fl.write(self.path + "\n")
         with open(plan_bin, "wb") as out:
-            out.write(b"RFPR" + struct.pack("<IIIQ", 1, self.page, self.wl.item_bytes, len(reads)))
+            out.write(plan_header(self.page, self.wl.item_bytes, len(reads)))
             for f in reads:
                 f = int(f)
-                out.write(struct.pack("<IIIIQQ", f, 1, 0, 0, int(self.base[f]) * self.ipp, int(self.wl.sizes[f])))
+                out.write(plan_op(f, np.array([(0, 0, int(self.base[f]) * self.ipp, int(self.wl.sizes[f]))], PLAN_EXTENT)))
 
     def space_bytes(self) -> int:
         return self.total_pages * self.page

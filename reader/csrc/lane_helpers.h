@@ -32,7 +32,8 @@ class LaneHelpers {
     size_t size() const { return held_.size(); }
     // Runs job on helper k (k < size()); one job per helper and Claim.
     void Run(size_t k, std::function<void()> job);
-    // Waits until every job Run gave has returned.
+    // Waits until every job Run gave has returned (spinning a bounded while first, then
+    // sleeping).
     void Wait();
 
    private:

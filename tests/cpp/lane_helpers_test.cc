@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,28 @@ TEST(LaneHelpers, ClaimRunWaitAndGiveBack) {
   LaneHelpers::Claim c = h.Acquire(1);
   EXPECT_EQ(c.size(), 1u);
   EXPECT_EQ(h.Acquire(2).size(), 1u);
+}
+
+// Wait spins a bounded while before it sleeps: it returns once every job has, whether a job
+// ends within the spin or long after it (then woken by the helper), and every job's writes
+// are visible when it returns.
+TEST(LaneHelpers, WaitReturnsAfterShortAndLongJobs) {
+  LaneHelpers h(2);
+  for (int ms : {0, 1, 20}) {
+    std::vector<int> out(2, 0);
+    LaneHelpers::Claim c = h.Acquire(2);
+    ASSERT_EQ(c.size(), 2u);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t k = 0; k < c.size(); k++)
+      c.Run(k, [&out, k, ms] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms * static_cast<int>(k + 1)));
+        out[k] = static_cast<int>(k) + 1;
+      });
+    c.Wait();
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(out, (std::vector<int>{1, 2})) << ms << " ms jobs";
+    EXPECT_GE(waited, std::chrono::milliseconds(2 * ms));
+  }
 }
 
 TEST(LaneHelpers, ConcurrentScansShareThem) {

@@ -1066,7 +1066,7 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--workdir", default=None, help="directory on the disk under test "
                     "(default $RECFLASH_BENCH_TMP or /work/bench-tmp, else the system temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (io mode: with every strategy's store)")
     ap.add_argument("--no-device", action="store_true", help="skip the fio device measurement")
     ap.add_argument("--no-drop-caches", action="store_true")
     ap.add_argument("--no-plot", action="store_true")
@@ -1274,8 +1274,9 @@ def run_workload(doc: dict, args, cfg: WorkloadConfig, dataset: str, strategies:
         for r in built:
             emit(r)
     finally:
-        for r in runners:
-            r.cleanup()
+        if not (io and args.keep):  # --keep: the stores stay under the work directory, for inspection
+            for r in runners:
+                r.cleanup()
     doc.pop("progress", None)
     add_relative(doc["runs"])
     save()

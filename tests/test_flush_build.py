@@ -86,3 +86,50 @@ def test_threads_change_page_boundaries_only(tmp_path):
             assert st["live_items"] == 3 * 2 * N
     # each extra thread can cost one partly filled page per flush (three flushes here)
     assert abs(pages[2] - pages[1]) <= 3, pages
+
+
+def _bulk_load_two_features(path: str, **options) -> dict:
+    """20 bulk-load flushes: `big` adds ~1.25 pages of items to each, `tiny` 10 items. Returns
+    per feature its page count and whether its pages' key ranges overlap, and the merger stats."""
+    per, flushes = 5000, 20
+    out: dict = {}
+    with Store.open(path, StoreOptions(bulk_load=True, write_buffer_bytes=8 << 20, **options)) as s:
+        s.create_feature("big", "float32")
+        s.create_feature("tiny", "float32")
+        for i in range(flushes):
+            kb = np.arange(i * per, (i + 1) * per, dtype=np.uint64)
+            s.put("big", kb, kb.astype(np.float32))
+            kt = np.arange(i * 10, i * 10 + 10, dtype=np.uint64)
+            s.put("tiny", kt, kt.astype(np.float32))
+            s.sync()
+        for name, n in (("big", per * flushes), ("tiny", 10 * flushes)):
+            t = s.scan(name)
+            keys = np.asarray(t.column("key")).astype(np.uint64)
+            assert np.array_equal(keys, np.arange(n, dtype=np.uint64)), name
+            assert np.array_equal(np.asarray(t.column("value")), keys.astype(np.float32)), name
+            kr = s.key_ranges(name)
+            order = np.argsort(kr["min_key"])
+            lo, hi = kr["min_key"][order], kr["max_key"][order]
+            out[name] = {"pages": len(np.unique(kr["page"])), "overlap": bool(np.any(lo[1:] <= hi[:-1]))}
+        out["merger"] = s.stats()["merger"]
+    return out
+
+
+def test_bulk_load_merges_only_features_past_two_x(tmp_path):
+    """A bulk load gives a feature one partly filled page per flush: `big` (more than a page per
+    flush) stays below 2x its ideal pages and is left alone — its pages keep disjoint key
+    ranges, so its scans place pages directly and its key index stays deferred — while `tiny`
+    (a shared page per flush) passes 2x and is merged. merge_threshold_bulk_load=1.5 (the
+    normal trigger) merges `big` too."""
+    got = _bulk_load_two_features(str(tmp_path / "default"))
+    assert got["merger"]["threshold"] == 2.0
+    assert got["big"] == {"pages": 40, "overlap": False}, got
+    assert got["tiny"]["pages"] <= 2 and got["merger"]["victims"] > 0, got  # 20 flushes, merged
+
+    eager = _bulk_load_two_features(str(tmp_path / "eager"), merge_threshold_bulk_load=1.5)
+    assert eager["merger"]["threshold"] == 1.5
+    assert eager["big"]["overlap"] and eager["big"]["pages"] < 40, eager  # merged
+    assert eager["tiny"]["pages"] <= 2, eager
+    # Never below the session's own trigger.
+    strict = _bulk_load_two_features(str(tmp_path / "strict"), merge_threshold=3.0)
+    assert strict["merger"]["threshold"] == 3.0

@@ -23,10 +23,11 @@ from recflash.reader import InvalidArgumentError, Store, StoreOptions
 # 2200 before dictionary-packed int64 segments (page format 4); 1319 before appends to merged
 # features were written as runs and a flush's appends were built on two threads (PageBatch);
 # 1316 (and no free slot) before merges gathered a feature's pages outside its runs first
-# (merge_run_weight 1): one merge during the import now frees a slot inside the file, whose
-# bytes are returned to the filesystem (punched) like every freed slot beyond the reserve.
-SEEDED_IMPORT_PAGES = 1315
-SEEDED_IMPORT_FREE_SLOTS = 1
+# (merge_run_weight 1): one merge during the import then freed a slot inside the file;
+# 1315 and that free slot before a bulk load merged only features past 2x their ideal pages
+# (merge_threshold_bulk_load): the import now merges nothing, and no slot is freed.
+SEEDED_IMPORT_PAGES = 1308
+SEEDED_IMPORT_FREE_SLOTS = 0
 # Allocation beyond the pages in use that a filesystem may keep for its own metadata
 # (an extent-tree block, say); space allocated ahead by the engine is much larger than this.
 FS_SLACK = 64 << 10

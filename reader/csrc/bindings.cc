@@ -104,6 +104,7 @@ const OptionField<StoreOptions> kStoreOptions[] = {
     RF_OPTION("pin_max_flushes", pinner.max_flushes),
     RF_OPTION("merger_enabled", merger.enabled),
     RF_OPTION("merge_threshold", merger.threshold),
+    RF_OPTION("merge_threshold_bulk_load", merger.bulk_load_threshold),
     RF_OPTION("merge_low_benefit_frac", merger.low_benefit_frac),
     RF_OPTION("merge_target_frac", merger.target_frac),
     RF_OPTION("merge_min_slack_pages", merger.min_slack_pages),

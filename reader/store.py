@@ -97,11 +97,13 @@ class StoreOptions:
     #: Fragmentation degree (pages holding a feature / ideal pages) that triggers a merge.
     #: Lower reads faster and writes more: the read/write trade-off knob.
     merge_threshold: float = 1.5
-    #: The trigger while ``bulk_load`` is on (the larger of the two applies). A bulk load
-    #: gives each feature one partly filled page per flush, so a feature that adds a page or
-    #: more per flush stays below 2x; merging it during the load cost its key index in DRAM
-    #: and a third of the import's speed, and left its pages overlapping. Features that add
-    #: less per flush pass 2x and are merged.
+    #: The trigger while ``bulk_load`` is on, for features whose records are all current
+    #: (what a load appends; the larger of the two applies). A bulk load gives each feature
+    #: one partly filled page per flush, so a feature that adds a page or more per flush stays
+    #: below 2x; merging it during the load cost its key index in DRAM and a third of the
+    #: import's speed, and left its pages overlapping. Features that add less per flush pass
+    #: 2x and are merged; features with stale records (updates, ``import --upsert``) are
+    #: merged at ``merge_threshold``.
     merge_threshold_bulk_load: float = 2.0
     #: A victim's pages are gathered emptiest first until its degree is back to
     #: 1 + (merge_threshold - 1) * merge_target_frac.

@@ -38,9 +38,6 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
   std::vector<MoveTask> tasks;
   if (!o_.enabled) return tasks;
   const double payload = PagePayload(page_size);
-  // After a merge the feature should sit well below the trigger, so that it is not a victim
-  // again after the next flush or two: aim halfway between ideal and the threshold.
-  const double target = 1.0 + (o_.threshold - 1.0) * o_.target_frac;
   for (FeatureState* f : candidates) {
     stats_.checks++;
     if (f->pages.size() < 2) continue;
@@ -52,17 +49,26 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
       bool operator<(const Candidate& o) const { return order < o.order || (order == o.order && page < o.page); }
     };
     std::vector<Candidate> fill;
+    bool all_current = true;  // no stale record: every record of F on its pages is valid
     for (uint32_t p : f->pages) {
-      const double b = LiveBytesOf(*f, pt.at(p));
+      const PageMeta& pm = pt.at(p);
+      const double b = LiveBytesOf(*f, pm);
       live += b;
       if (b < o_.low_benefit_frac * payload) fill.push_back({b, b, p});
+      for (const auto& sm : pm.segs)
+        if (sm.fid == f->def.id && !sm.retired && sm.valid != sm.count) all_current = false;
     }
+    const double threshold =
+        bulk_load_ && all_current ? std::max(o_.threshold, o_.bulk_load_threshold) : o_.threshold;
     const double ideal = std::max(1.0, std::ceil(live / payload));
     const double have = static_cast<double>(f->pages.size());
     // A feature of one or two pages may keep one page of slack: otherwise every flush that
     // touches it triggers a rewrite of all its data, while reading one more page in the
     // same batch costs almost nothing in time.
-    if (have - ideal <= std::max((o_.threshold - 1.0) * ideal, o_.min_slack_pages)) continue;
+    if (have - ideal <= std::max((threshold - 1.0) * ideal, o_.min_slack_pages)) continue;
+    // After a merge the feature should sit well below the trigger, so that it is not a victim
+    // again after the next flush or two: aim halfway between ideal and the threshold.
+    const double target = 1.0 + (threshold - 1.0) * o_.target_frac;
     // Emptiest pages first: they give the most page reduction per byte rewritten. With
     // run_weight, a page's place in the feature's runs of adjacent pages counts too: a scan
     // reads each run with one request, and on a device whose requests cost more than their

@@ -41,8 +41,11 @@ struct MergerOptions {
   // splits a run (one more device read per scan), one with neither ends a read. 0: emptiest
   // first only (see the comment on the rule above Plan).
   double run_weight = 1.0;
-  // The trigger while StoreOptions::bulk_load is on (the larger of this and `threshold`
-  // applies). A bulk load appends: each flush gives a feature its full pages and one partly
+  // The trigger while StoreOptions::bulk_load is on, for a feature whose records are all
+  // current (no update has left a stale one: what a load appends); the larger of this and
+  // `threshold` applies. Features with stale records keep `threshold`: their fragmentation
+  // grows with every update, a load's only with its flushes. A bulk load appends: each flush
+  // gives a feature its full pages and one partly
   // filled page that it shares with the next feature. A feature that adds a page or more per
   // flush therefore stays below 2x its ideal pages however long the load runs, and merging it
   // bought little and cost much: its deferred key index was materialized (every page of the
@@ -98,15 +101,18 @@ double FragmentationDegree(const FeatureState& f, const LogicalPageTable& pt, ui
 
 class Merger {
  public:
-  explicit Merger(const MergerOptions& o) : o_(o) {}
+  // bulk_load: the session is a bulk load (StoreOptions::bulk_load; see bulk_load_threshold).
+  explicit Merger(const MergerOptions& o, bool bulk_load = false) : o_(o), bulk_load_(bulk_load) {}
   // Victim features among `candidates` and the pages to gather them from.
   std::vector<MoveTask> Plan(const std::vector<FeatureState*>& candidates, const LogicalPageTable& pt,
                              uint32_t page_size);
   MergerStats& stats() { return stats_; }
   const MergerOptions& options() const { return o_; }
+  bool bulk_load() const { return bulk_load_; }
 
  private:
   MergerOptions o_;
+  bool bulk_load_;
   MergerStats stats_;
 };
 

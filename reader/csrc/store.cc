@@ -49,20 +49,8 @@ Status SyncDir(const std::string& dir) {
 // ---------------------------------------------------------------------------------------
 // Open / recovery
 
-namespace {
-
-// The merger's options for this session: a bulk load triggers at bulk_load_threshold (see
-// MergerOptions), never below the session's own threshold.
-MergerOptions MergerOptionsFor(const StoreOptions& o) {
-  MergerOptions m = o.merger;
-  if (o.bulk_load) m.threshold = std::max(m.threshold, m.bulk_load_threshold);
-  return m;
-}
-
-}  // namespace
-
 StoreImpl::StoreImpl(const StoreOptions& o)
-    : o_(o), pinner_(o.pinner), merger_(MergerOptionsFor(o)), reclaimer_(o.reclaim) {}
+    : o_(o), pinner_(o.pinner), merger_(o.merger, o.bulk_load), reclaimer_(o.reclaim) {}
 
 StoreImpl::~StoreImpl() {
   if (!closed_) Close();

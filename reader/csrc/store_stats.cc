@@ -195,6 +195,9 @@ std::string StoreImpl::StatsJson() {
   j.Key("enabled");
   j.Bool(merger_.options().enabled);
   j.KV("threshold", merger_.options().threshold);
+  j.KV("bulk_load_threshold", merger_.options().bulk_load_threshold);
+  j.Key("bulk_load");
+  j.Bool(merger_.bulk_load());
   j.KV("low_benefit_frac", merger_.options().low_benefit_frac);
   j.KV("run_weight", merger_.options().run_weight);
   j.KV("checks", static_cast<double>(m.checks));

@@ -45,18 +45,17 @@ struct MergerOptions {
   // current (no update has left a stale one: what a load appends); the larger of this and
   // `threshold` applies. Features with stale records keep `threshold`: their fragmentation
   // grows with every update, a load's only with its flushes. A bulk load appends: each flush
-  // gives a feature its full pages and one partly
-  // filled page that it shares with the next feature. A feature that adds a page or more per
-  // flush therefore stays below 2x its ideal pages however long the load runs, and merging it
-  // bought little and cost much: its deferred key index was materialized (every page of the
-  // feature read, 12 B of DRAM per key for the rest of the session, then checkpointed), its
-  // records moved one at a time, and its pages' key ranges overlapped afterwards, so its scans
-  // took the key-index path instead of placing pages directly. A feature that adds less than
-  // a page per flush would grow by a shared page per flush without bound: it passes 2x and is
-  // merged as before. Measured on `recflash import criteo` of a 2.1 GB Kaggle-like file
-  // (16 MiB chunks, 126 flushes): 1.5 merged 30 features 31 times (8.7 M records moved, 446 MB
-  // of key indexes in DRAM, peak RSS 1.05 GB, 38,021 pages, 376-386 MB/s); 2 merges none
-  // (5.6 MB, 0.33 GB, 37,672 pages, 499-504 MB/s).
+  // gives a feature its full pages and one partly filled page that it shares with the next
+  // feature. A feature that adds a page or more per flush therefore stays below 2x its ideal
+  // pages however long the load runs, and merging it bought little and cost much: its deferred
+  // key index was materialized (every page of the feature read, 12 B of DRAM per key for the
+  // rest of the session, then checkpointed), its records moved one at a time, and its pages'
+  // key ranges overlapped afterwards, so its scans took the key-index path instead of placing
+  // pages directly. A feature that adds less than a page per flush would grow by a shared page
+  // per flush without bound: it passes 2x and is merged as before. Measured on `recflash import
+  // criteo` of a 2.1 GB Kaggle-like file (16 MiB chunks, 126 flushes): 1.5 merged 30 features
+  // 31 times (8.7 M records moved, 446 MB of key indexes in DRAM, peak RSS 1.05 GB, 38,021
+  // pages, 376-386 MB/s); 2 merges none (5.6 MB, 0.33 GB, 37,672 pages, 499-504 MB/s).
   double bulk_load_threshold = 2.0;
 };
 

@@ -92,15 +92,17 @@ def generate(path: Path, target_bytes: int, seed: int) -> dict:
 # 2. import in a child process
 
 
-def _rss_mb(pid: int, field: str = "VmRSS") -> float | None:
+def _rss_mb(pid: int) -> tuple[float | None, float | None]:
+    """(VmRSS, VmHWM) of pid in MiB, None where /proc does not say."""
+    got: dict[str, float] = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    got[line[:5]] = int(line.split()[1]) / 1024
     except OSError:
-        return None
-    return None
+        pass
+    return got.get("VmRSS"), got.get("VmHWM")
 
 
 def _journal_rows(store: Path) -> int:
@@ -131,8 +133,7 @@ def run_import(tsv: Path, store: Path, summary: Path, write_buffer_mb: float, bl
 
     def sample() -> None:
         while not stop.is_set():
-            r = _rss_mb(proc.pid)
-            h = _rss_mb(proc.pid, "VmHWM")
+            r, h = _rss_mb(proc.pid)
             if h is not None:
                 hwm[0] = max(hwm[0], h)
             if r is not None:
@@ -496,7 +497,7 @@ def main() -> int:
             "seconds": s["seconds"], "wall_seconds_with_startup": imp["wall_seconds"],
             "mb_per_s": s["mb_per_s"], "rows_per_s": s["rows_per_s"],
             "store_write_seconds": s["write_seconds"], "store_close_seconds": s["close_seconds"],
-            "peak_rss_mb": imp["peak_rss_mb"], "write_buffer_mb": args.write_buffer_mb, "block_mb": args.block_mb,
+            "peak_rss_mb": imp["peak_rss_mb"], "wait4_maxrss_mb": imp["wait4_maxrss_mb"], "write_buffer_mb": args.write_buffer_mb, "block_mb": args.block_mb,
             # CPU time of the import process (startup included): what the import costs
             # independent of other processes' load on this shared machine
             "cpu_seconds": imp["cpu_seconds"], "mb_per_cpu_s": s["input_bytes"] / 1e6 / imp["cpu_seconds"],

@@ -11,11 +11,15 @@ uint32_t PagePayload(uint32_t page_size) { return page_size - sizeof(PageHeader)
 
 namespace {
 
-// F's live on-disk bytes in page pm.
-double LiveBytesOf(const FeatureState& f, const PageMeta& pm) {
+// F's live on-disk bytes in page pm; sets *stale when one of F's segments there holds a
+// record that is no longer current.
+double LiveBytesOf(const FeatureState& f, const PageMeta& pm, bool* stale = nullptr) {
   double b = 0;
   for (const auto& s : pm.segs)
-    if (s.fid == f.def.id && !s.retired) b += s.live_disk_bytes();
+    if (s.fid == f.def.id && !s.retired) {
+      b += s.live_disk_bytes();
+      if (stale && s.valid != s.count) *stale = true;
+    }
   return b;
 }
 
@@ -49,17 +53,14 @@ std::vector<MoveTask> Merger::Plan(const std::vector<FeatureState*>& candidates,
       bool operator<(const Candidate& o) const { return order < o.order || (order == o.order && page < o.page); }
     };
     std::vector<Candidate> fill;
-    bool all_current = true;  // no stale record: every record of F on its pages is valid
+    bool stale = false;  // some record of F on its pages is no longer current
     for (uint32_t p : f->pages) {
-      const PageMeta& pm = pt.at(p);
-      const double b = LiveBytesOf(*f, pm);
+      const double b = LiveBytesOf(*f, pt.at(p), &stale);
       live += b;
       if (b < o_.low_benefit_frac * payload) fill.push_back({b, b, p});
-      for (const auto& sm : pm.segs)
-        if (sm.fid == f->def.id && !sm.retired && sm.valid != sm.count) all_current = false;
     }
     const double threshold =
-        bulk_load_ && all_current ? std::max(o_.threshold, o_.bulk_load_threshold) : o_.threshold;
+        bulk_load_ && !stale ? std::max(o_.threshold, o_.bulk_load_threshold) : o_.threshold;
     const double ideal = std::max(1.0, std::ceil(live / payload));
     const double have = static_cast<double>(f->pages.size());
     // A feature of one or two pages may keep one page of slack: otherwise every flush that

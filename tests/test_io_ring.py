@@ -43,6 +43,12 @@ ERRORS_CHILD = textwrap.dedent(
         testing.arm("ring_submit", nth=1, errno=errno.ENOMEM)
         expect_error(lambda: ring.read_runs(path, PAGE, [(0, 1), (2, 2), (5, 1)]), "io_uring_submit")
         testing.disarm()
+    elif scenario == "submit_error_after_first":
+        # a batch of three or more submits its first read alone: the submit of the rest fails
+        # with that one in flight
+        testing.arm("ring_submit", nth=2, errno=errno.ENOMEM)
+        expect_error(lambda: ring.read_runs(path, PAGE, [(0, 1), (2, 2), (5, 1), (7, 1)]), "io_uring_submit")
+        testing.disarm()
     elif scenario == "read_error":
         testing.arm("page_read", nth=1, errno=errno.EIO)
         expect_error(lambda: ring.read_runs(path, PAGE, [(i, 1) for i in range(12)]), "Input/output error")
@@ -105,7 +111,7 @@ def run_child(child: str, page_file: str, arg: str, hang: str) -> None:
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("scenario", ["oversized_run", "submit_error", "read_error"])
+@pytest.mark.parametrize("scenario", ["oversized_run", "submit_error", "submit_error_after_first", "read_error"])
 def test_ring_reads_correctly_after_an_error(page_file, scenario):
     run_child(ERRORS_CHILD, page_file, scenario,
               "the ring hung on its next use (a request of the failed call was left in flight)")

@@ -210,6 +210,14 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
     inflight++;
   };
 
+  // The first read of a batch of kFirstAloneMin or more goes to the kernel on its own, the
+  // rest after it. A single submit of n reads hands the device nothing until the kernel has
+  // prepared all n (~30 us for ten on this kind of virtual disk, which then serves them
+  // about one at a time): submitted alone, the first is being read meanwhile. Fragmented
+  // scans (ten reads) took 2-3 % less time, measured scan by scan against one submit; for
+  // batches of one or two reads the extra system call does not pay.
+  constexpr size_t kFirstAloneMin = 3;
+  bool first_alone = runs.size() >= kFirstAloneMin;
   unsigned unsent = 0;  // prepared by the refill below, not yet submitted
   while (next < runs.size() || inflight > 0) {
     bool queued = unsent > 0;
@@ -220,6 +228,14 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       issue(s);
       submit_slot(s);
       queued = true;
+      if (first_alone) {
+        first_alone = false;
+        const int rc = may_issue() ? Submit(0, path) : 0;
+        if (rc < 0 && rc != -EINTR) {
+          status = Status::FromErrno("io_uring_submit", path, -rc);
+          return Abandon(status, inflight);
+        }
+      }
     }
     if (!status.ok() && inflight == 0) break;
     if (idle && status.ok() && inflight > 0) {

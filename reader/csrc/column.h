@@ -11,9 +11,9 @@
 
 namespace recflash {
 
-// Allocator for read results: large buffers are 2 MiB aligned and advised for transparent
-// huge pages, so filling a multi-GB scan result costs few page faults, and freed ones are
-// reused by later reads (huge_alloc.cc: fresh memory is zero-filled by the kernel). resize(n) leaves new
+// Allocator for read results: large buffers are mappings of their own, 2 MiB aligned, and
+// freed ones are reused by later reads (huge_alloc.cc: fresh memory is zero-filled by the
+// kernel, and why these are not advised for huge pages). resize(n) leaves new
 // elements uninitialised (default-initialised, as std::make_unique_for_overwrite does): a
 // read sizes its output and then writes every element it keeps, so zero-filling first was
 // a pass over the whole result for nothing. resize(n, value) still writes value.
@@ -24,6 +24,11 @@ void HugeFree(void* p, size_t bytes);
 // Returns the cached (freed, kept for reuse) blocks to the kernel; the bytes they hold.
 void HugeReleaseCached();
 size_t HugeCachedBytes();
+// A buffer for reads or writes of the device: `bytes` (from 2 MiB up, a multiple of 4 KiB)
+// 2 MiB aligned and advised for transparent huge pages, not cached (huge_alloc.cc). Freed with
+// IoBufferFree(p, bytes).
+void* IoBufferAllocate(size_t bytes);
+void IoBufferFree(void* p, size_t bytes);
 
 template <typename T>
 struct HugeAlloc {

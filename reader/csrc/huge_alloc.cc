@@ -1,5 +1,6 @@
 // Buffers of read results (HugeAlloc, column.h): from 64 KiB up mappings of their own, kept
-// for reuse when freed; from 2 MiB up 2 MiB aligned and advised for transparent huge pages.
+// for reuse when freed; from 2 MiB up 2 MiB aligned. And the I/O buffers of rings and page
+// batches (IoBufferAllocate), advised for transparent huge pages.
 //
 // Why a cache. A scan's output and its dense-placement slots are tens of MB of fresh memory,
 // which the kernel zero-fills page by page on first touch; on this kind of virtual machine that
@@ -15,6 +16,18 @@
 // for one pass over 100 features, the first pass 20-30 % slower than the next. A request
 // larger than every cached block now takes the largest one and moves it (mremap, page tables
 // only) into an aligned mapping of the new size: only the added tail is fresh memory.
+//
+// Why results are not advised for huge pages, and I/O buffers are. Fresh memory the guest
+// kernel has handed back to the host (free page reporting, on this kind of virtual machine:
+// after ~2 s) is faulted in at 0.4-0.8 GB/s as transparent huge pages but at 2.6-2.9 GB/s as
+// 4 KiB pages (64-256 MiB populated by one thread, measured both ways in alternation); huge
+// pages only won for memory freed moments before (20 GB/s). A large feature's first scan after
+// a long update phase (the scan benchmark's pass 1) faults in a few MB of fresh output and
+// staging: its largest feature took 19-25 ms with huge pages and 9-11 ms without, every
+// feature 0.18-0.19 s against 0.13 s. Scans of memory already faulted in (the cache's) took
+// the same time either way. Reads into an I/O buffer, on the other hand, take markedly less
+// device time on huge pages (io_ring.cc), so those keep the advice; they are few and long-lived
+// (pooled by their rings and page batches), so they bypass the cache.
 #include <sys/mman.h>
 
 #include <cstdint>
@@ -35,9 +48,9 @@ constexpr size_t kMinCached = 64u << 10;  // smaller blocks: plain malloc (glibc
 constexpr size_t kGrain = 64u << 10;
 constexpr size_t kCacheBytes = 256u << 20;  // per process; what a long-running reader keeps beyond its live data
 
-// An anonymous mapping of `bytes`: from kHuge up kHuge-aligned and advised for transparent
-// huge pages. `prot` PROT_NONE reserves the range only. nullptr when refused.
-void* Map(size_t bytes, int prot) {
+// An anonymous mapping of `bytes`, from kHuge up kHuge-aligned; with `huge_pages` advised for
+// transparent huge pages. `prot` PROT_NONE reserves the range only. nullptr when refused.
+void* Map(size_t bytes, int prot, bool huge_pages = false) {
   const size_t align = bytes >= kHuge ? kHuge : 0;
   const size_t span = bytes + align;
   const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (prot == PROT_NONE ? MAP_NORESERVE : 0);
@@ -49,7 +62,7 @@ void* Map(size_t bytes, int prot) {
   if (a > b) ::munmap(raw, a - b);
   if (b + span > a + bytes) ::munmap(reinterpret_cast<void*>(a + bytes), b + span - (a + bytes));
   void* p = reinterpret_cast<void*>(a);
-  if (prot != PROT_NONE) ::madvise(p, bytes, MADV_HUGEPAGE);
+  if (huge_pages && prot != PROT_NONE) ::madvise(p, bytes, MADV_HUGEPAGE);
   return p;
 }
 
@@ -90,7 +103,6 @@ class BlockCache {
       ::munmap(dest, bytes);
       return nullptr;
     }
-    if (bytes >= kHuge) ::madvise(q, bytes, MADV_HUGEPAGE);
     cached_ -= below->first;
     size_of_.erase(below->second);
     free_.erase(below);
@@ -204,6 +216,20 @@ void HugeFree(void* p, size_t bytes) {
 }
 
 void HugeReleaseCached() { Cache().ReleaseAll(); }
+
+namespace {
+size_t PageRounded(size_t bytes) { return (bytes + 4095) & ~size_t{4095}; }
+}  // namespace
+
+void* IoBufferAllocate(size_t bytes) {
+  void* p = Map(PageRounded(bytes), PROT_READ | PROT_WRITE, /*huge_pages=*/true);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void IoBufferFree(void* p, size_t bytes) {
+  if (p) ::munmap(p, PageRounded(bytes));
+}
 
 size_t HugeCachedBytes() { return Cache().cached(); }
 

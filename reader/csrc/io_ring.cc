@@ -35,8 +35,8 @@ std::vector<PageRun> CoalescePages(const std::vector<uint32_t>& pages, uint32_t 
   return runs;
 }
 
-// From 2 MiB up the buffer comes from HugeAllocate (column.h): 2 MiB aligned and advised for
-// transparent huge pages. Reads into huge pages took markedly less device time on this virtual
+// From 2 MiB up the buffer comes from IoBufferAllocate (column.h): 2 MiB aligned and advised
+// for transparent huge pages. Reads into huge pages took markedly less device time on this virtual
 // disk (the compacted layout of the compaction benchmark, 1,312 feature reads of 777 MB: device
 // busy 494-602 ms vs 652-1,042 ms, read time 0.39-0.50 vs 0.51-0.72 s), likely because the host
 // then sees a 256 KiB read as one memory segment instead of up to 64. posix_memalign(4096) had
@@ -45,7 +45,7 @@ constexpr size_t kHugeBuffer = 2u << 20;
 
 AlignedBuffer::AlignedBuffer(size_t bytes) : n_(bytes) {
   if (bytes >= kHugeBuffer) {
-    p_ = static_cast<uint8_t*>(HugeAllocate(bytes));
+    p_ = static_cast<uint8_t*>(IoBufferAllocate(bytes));
     return;
   }
   void* p = nullptr;
@@ -55,7 +55,7 @@ AlignedBuffer::AlignedBuffer(size_t bytes) : n_(bytes) {
 
 void AlignedBuffer::Free() {
   if (n_ >= kHugeBuffer) {
-    HugeFree(p_, n_);
+    IoBufferFree(p_, n_);
   } else {
     std::free(p_);
   }

@@ -1,10 +1,14 @@
 // The read-buffer cache (huge_alloc.cc): freed blocks are reused whole, split when far larger
 // than a request, and grown (their pages moved, not faulted in again) when every cached block
-// is smaller; live blocks never overlap, whatever the sequence.
+// is smaller; live blocks never overlap, whatever the sequence. Result blocks are not advised
+// for transparent huge pages, I/O buffers are.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "reader/csrc/column.h"
@@ -90,6 +94,52 @@ TEST(HugeAlloc, LiveBlocksNeverOverlap) {
     HugeFree(l.p, l.n);
   }
   HugeReleaseCached();
+}
+
+// The VmFlags line of the mapping that holds p (/proc/self/smaps); "" when none does.
+std::string VmFlagsOf(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(' ') != std::string::npos &&
+        line.find(':') > line.find(' ')) {
+      inside = lo <= a && a < hi;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+bool AdvisedHuge(const void* p) {
+  const std::string flags = VmFlagsOf(p);
+  EXPECT_FALSE(flags.empty()) << "no mapping holds the block";
+  return (" " + flags + " ").find(" hg ") != std::string::npos;
+}
+
+TEST(HugeAlloc, OnlyIoBuffersAreAdvisedForHugePages) {
+  HugeReleaseCached();
+  // A fresh result block, and one grown from a cached block.
+  auto* r = static_cast<uint8_t*>(HugeAllocate(8 * kMiB));
+  std::memset(r, 1, 8 * kMiB);
+  EXPECT_FALSE(AdvisedHuge(r));
+  HugeFree(r, 8 * kMiB);
+  auto* g = static_cast<uint8_t*>(HugeAllocate(20 * kMiB));
+  std::memset(g, 2, 20 * kMiB);
+  EXPECT_FALSE(AdvisedHuge(g));
+  HugeFree(g, 20 * kMiB);
+  HugeReleaseCached();
+  auto* io = static_cast<uint8_t*>(IoBufferAllocate(4 * kMiB + 100));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(io) % (2 * kMiB), 0u);
+  std::memset(io, 3, 4 * kMiB + 100);
+  EXPECT_TRUE(AdvisedHuge(io));
+  IoBufferFree(io, 4 * kMiB + 100);
+  EXPECT_EQ(HugeCachedBytes(), 0u);  // not cached
 }
 
 }  // namespace

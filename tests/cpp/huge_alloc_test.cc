@@ -57,6 +57,32 @@ TEST(HugeAlloc, SplitsAFarLargerBlockAndReusesACloseOne) {
   EXPECT_EQ(HugeCachedBytes(), 0u);
 }
 
+TEST(HugeAlloc, PiecesOfABlockJoinAgainWhenFreed) {
+  HugeReleaseCached();
+  auto* big = static_cast<uint8_t*>(HugeAllocate(24 * kMiB));
+  std::memset(big, 7, 24 * kMiB);
+  HugeFree(big, 24 * kMiB);
+  // Small reads split it into pieces (each far smaller than the cached block)...
+  auto* a = static_cast<uint8_t*>(HugeAllocate(2 * kMiB));
+  auto* b = static_cast<uint8_t*>(HugeAllocate(4 * kMiB));
+  auto* c = static_cast<uint8_t*>(HugeAllocate(1 * kMiB));
+  EXPECT_EQ(a, big);
+  EXPECT_EQ(b, big + 2 * kMiB);
+  EXPECT_EQ(HugeCachedBytes(), 17 * kMiB);
+  // ... which, freed in any order, are the whole block again: the next large read takes it
+  // as it is (same address, its pages kept), not a grown piece.
+  HugeFree(b, 4 * kMiB);
+  HugeFree(a, 2 * kMiB);
+  HugeFree(c, 1 * kMiB);
+  EXPECT_EQ(HugeCachedBytes(), 24 * kMiB);
+  auto* again = static_cast<uint8_t*>(HugeAllocate(24 * kMiB));
+  EXPECT_EQ(again, big);
+  EXPECT_EQ(again[24 * kMiB - 1], 7);
+  EXPECT_EQ(HugeCachedBytes(), 0u);
+  HugeFree(again, 24 * kMiB);
+  HugeReleaseCached();
+}
+
 TEST(HugeAlloc, LiveBlocksNeverOverlap) {
   HugeReleaseCached();
   std::mt19937_64 rng(7);

@@ -547,9 +547,12 @@ def main(argv=None) -> int:
         stats_after_scan = store.stats()
 
         # --- pass 1 again (information, not a target): the same scans in the same order, now the
-        # second read of every page. A disk behind a host cache serves data the host has not read
-        # before more slowly than data it has (fio's probe reads its own file over and over), so
-        # the gap between the two passes is the device's, not the engine's.
+        # second read of every page. The gap between the two passes is what a first read costs
+        # beyond the engine's work: a disk behind a host cache serves data the host has not read
+        # before more slowly than data it has (fio's probe reads its own file over and over), and
+        # the first pass faults in the memory its outputs grow into (the second reuses it; on
+        # this kind of virtual machine memory handed back to the host is slow to fault in again,
+        # see reader/csrc/huge_alloc.cc).
         per_again = []
         t0 = time.perf_counter()
         for f in order:
@@ -744,9 +747,10 @@ def main(argv=None) -> int:
             return dict(total_engine_s=float(e1.sum() - e2.sum()), per_feature_ms=float(coef[0] * 1e3),
                         per_page_us=float(coef[1] * 1e6),
                         note="information: (pass 1 - its repeat) engine seconds per feature fitted as "
-                             "a + b x pages read; a dd read of pages.dat before pass 1 removed the "
-                             "per-feature part in development runs (the first read of freshly written "
-                             "pages, not engine work)")
+                             "a + b x pages read: the device's first read of the pages and the fresh "
+                             "memory the first pass's outputs grow into, not engine work (a dd read "
+                             "of pages.dat before pass 1 removed most of the per-feature part in "
+                             "development runs)")
 
         results = dict(
             all_features=agg(per),

@@ -23,8 +23,8 @@
 // 4 KiB pages (64-256 MiB populated by one thread, measured both ways in alternation); huge
 // pages only won for memory freed moments before (20 GB/s). A large feature's first scan after
 // a long update phase (the scan benchmark's pass 1) faults in a few MB of fresh output and
-// staging: its largest feature took 19-25 ms with huge pages and 9-11 ms without, every
-// feature 0.18-0.19 s against 0.13 s. Scans of memory already faulted in (the cache's) took
+// staging: its largest feature took 19-25 ms with huge pages and 9-13 ms without, every
+// feature 0.18-0.19 s against 0.13-0.15 s. Scans of memory already faulted in (the cache's) took
 // the same time either way. Reads into an I/O buffer, on the other hand, take markedly less
 // device time on huge pages (io_ring.cc), so those keep the advice; they are few and long-lived
 // (pooled by their rings and page batches), so they bypass the cache.

@@ -19,7 +19,7 @@
 //
 // Why results are not advised for huge pages, and I/O buffers are. Fresh memory the guest
 // kernel has handed back to the host (free page reporting, on this kind of virtual machine:
-// after ~2 s) is faulted in at 0.4-0.8 GB/s as transparent huge pages but at 2.6-2.9 GB/s as
+// after ~2 s) is faulted in at 0.4-0.8 GB/s as transparent huge pages but at 2.2-3.0 GB/s as
 // 4 KiB pages (64-256 MiB populated by one thread, measured both ways in alternation); huge
 // pages only won for memory freed moments before (20 GB/s). A large feature's first scan after
 // a long update phase (the scan benchmark's pass 1) faults in a few MB of fresh output and

@@ -83,7 +83,7 @@ class BlockCache {
       // of a mapping is a mapping of its own to munmap or mremap).
       uint8_t* p = static_cast<uint8_t*>(it->second);
       const size_t whole = it->first;
-      const uint64_t origin = block_[p].origin;
+      const uint64_t origin = block_.at(p).origin;
       Unfree(p, whole);
       block_[p] = {bytes, origin};
       block_[p + bytes] = {whole - bytes, origin};
@@ -150,7 +150,7 @@ class BlockCache {
     uint8_t* a = static_cast<uint8_t*>(p);
     size_t n = bytes;
     auto next = free_at_.find(a + n);
-    if (next != free_at_.end() && block_[next->first].origin == origin) {
+    if (next != free_at_.end() && block_.at(next->first).origin == origin) {
       void* q = next->first;
       const size_t m = next->second;
       Unfree(q, m);
@@ -162,7 +162,7 @@ class BlockCache {
       --prev;
       uint8_t* b = static_cast<uint8_t*>(prev->first);
       const size_t m = prev->second;
-      if (b + m == a && block_[b].origin == origin) {
+      if (b + m == a && block_.at(b).origin == origin) {
         Unfree(b, m);
         block_.erase(a);
         a = b;
@@ -215,6 +215,9 @@ size_t Rounded(size_t bytes) {
   const size_t grain = bytes < kHuge ? kGrain : kHuge;
   return (bytes + grain - 1) / grain * grain;
 }
+
+// An I/O buffer's mapping: whole 4 KiB pages.
+size_t PageRounded(size_t bytes) { return (bytes + 4095) & ~size_t{4095}; }
 
 }  // namespace
 
@@ -270,10 +273,6 @@ void HugeFree(void* p, size_t bytes) {
 }
 
 void HugeReleaseCached() { Cache().ReleaseAll(); }
-
-namespace {
-size_t PageRounded(size_t bytes) { return (bytes + 4095) & ~size_t{4095}; }
-}  // namespace
 
 void* IoBufferAllocate(size_t bytes) {
   void* p = Map(PageRounded(bytes), PROT_READ | PROT_WRITE, /*huge_pages=*/true);

@@ -218,6 +218,13 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   // batches of one or two reads the extra system call does not pay.
   constexpr size_t kFirstAloneMin = 3;
   bool first_alone = runs.size() >= kFirstAloneMin;
+  // Submits what is queued without waiting; false (status set) when the kernel refused.
+  auto push = [&]() {
+    const int rc = Submit(0, path);
+    if (rc >= 0 || rc == -EINTR) return true;
+    status = Status::FromErrno("io_uring_submit", path, -rc);
+    return false;
+  };
   unsigned unsent = 0;  // prepared by the refill below, not yet submitted
   while (next < runs.size() || inflight > 0) {
     bool queued = unsent > 0;
@@ -230,11 +237,7 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       queued = true;
       if (first_alone) {
         first_alone = false;
-        const int rc = may_issue() ? Submit(0, path) : 0;
-        if (rc < 0 && rc != -EINTR) {
-          status = Status::FromErrno("io_uring_submit", path, -rc);
-          return Abandon(status, inflight);
-        }
+        if (may_issue() && !push()) return Abandon(status, inflight);
       }
     }
     if (!status.ok() && inflight == 0) break;
@@ -313,11 +316,7 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
         issue(f);
         submit_slot(f);
         if (++unsent >= 4 || inflight - unsent < depth_ / 4) {
-          const int rc = Submit(0, path);
-          if (rc < 0 && rc != -EINTR) {
-            status = Status::FromErrno("io_uring_submit", path, -rc);
-            return Abandon(status, inflight);
-          }
+          if (!push()) return Abandon(status, inflight);
           unsent = 0;
         }
       }

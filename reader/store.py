@@ -82,6 +82,11 @@ class StoreOptions:
     #: their 512 B blocks, taken from checksum-verified whole-page reads (4 B of DRAM per
     #: block; a packed page without sums is read whole once). False: such reads are unverified.
     verify_block_reads: bool = True
+    #: A WAL record that fails its checksum with later records after it (damage, not the torn
+    #: last append of a crash, which just ends replay): "tolerate_torn_tail" fails the open
+    #: with CorruptionError naming the file and byte; "point_in_time" opens the store as of the
+    #: record before it, replaying nothing logged after it (stats()["wal_bytes_dropped"]).
+    wal_recovery: str = "tolerate_torn_tail"
     #: Rec-aware pinner: keep small per-feature batches in DRAM across flushes.
     pinner_enabled: bool = True
     #: Pinned bytes stay within this fraction of the write buffer.
@@ -196,7 +201,9 @@ class _Feature:
             return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1).view(np.uint8), None
         if t in _LIST_TYPES:
             np_type, pa_type = _LIST_TYPES[t]
-            arr = _to_arrow(values, pa.list_(pa_type), self)
+            # Integer lists convert Python input by inference first, so the safe cast below
+            # refuses floats instead of pyarrow truncating them (1.5 -> 1) in a typed build.
+            arr = _to_arrow(values, pa.list_(pa_type), self, infer=pa.types.is_integer(pa_type))
             if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
                 raise SchemaError(f"feature '{self.name}' is {t}; got values of type {arr.type}")
             try:
@@ -285,11 +292,21 @@ def _to_numpy_1d(values, f: _Feature) -> np.ndarray:
     return arr
 
 
-def _to_arrow(values, default_type: pa.DataType, f: _Feature) -> pa.Array:
+def _to_arrow(values, default_type: pa.DataType, f: _Feature, infer: bool = False) -> pa.Array:
+    """Arrow array of `values`; Python input is built as `default_type`, or with `infer` as
+    the type its values have (the caller's safe cast then checks them)."""
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return _combine(values)
+    src = list(values) if isinstance(values, np.ndarray) else values
+    if infer:
+        try:
+            arr = pa.array(src)
+            if not pa.types.is_null(arr.type):  # all None: typed below
+                return arr
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            pass  # mixed input: the typed build below reports it
     try:
-        return pa.array(list(values) if isinstance(values, np.ndarray) else values, type=default_type)
+        return pa.array(src, type=default_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
         raise SchemaError(f"feature '{f.name}' is {f.type}; cannot convert values: {e}") from None
 

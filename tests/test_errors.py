@@ -367,3 +367,78 @@ def test_torn_wal_tail_after_crash(store_path, tmp_path, opts):
             assert s.scan("n").column("value").to_pylist() == [1, 2, 3]
     except CorruptionError as e:
         assert "wal" in str(e).lower(), str(e)
+
+
+WAL_BATCHES_CHILD = r'''
+import os, sys
+import numpy as np
+from recflash.reader import Store, StoreOptions
+s = Store.open(sys.argv[1], StoreOptions(page_size=4096, write_buffer_bytes=1 << 20))
+s.create_feature("x", "int64")
+s.put("x", np.arange(100, dtype=np.uint64), np.zeros(100, np.int64))
+s.flush()
+for b in range(5):  # five synced batches, each one WAL record
+    s.put("x", np.arange(b * 10, b * 10 + 10, dtype=np.uint64), np.full(10, b + 1, np.int64))
+    s.sync()
+os._exit(0)  # no close: the batches are only in the WAL
+'''
+
+
+def _wal_store(tmp_path):
+    path = str(tmp_path / "walstore")
+    subprocess.run([sys.executable, "-P", "-c", WAL_BATCHES_CHILD, path], check=True, timeout=120)
+    wal_dir = os.path.join(path, "wal")
+    segs = sorted(f for f in os.listdir(wal_dir) if os.path.getsize(os.path.join(wal_dir, f)))
+    assert len(segs) == 1, segs
+    return path, os.path.join(wal_dir, segs[-1])
+
+
+def test_damaged_wal_record_with_later_records_fails_the_open(tmp_path):
+    """A flipped byte in a WAL record that later synced records follow is damage, not a torn
+    append: replaying up to it would silently drop those records. The open fails naming the
+    file and byte; StoreOptions(wal_recovery="point_in_time") opens the store as of the record
+    before it and counts what it passed over."""
+    from recflash.reader import StoreOptions
+
+    path, wal = _wal_store(tmp_path)
+    data = bytearray(open(wal, "rb").read())
+    rec = len(data) // 5  # five records of equal size
+    assert rec * 5 == len(data), len(data)
+    data[2 * rec + 20] ^= 0xFF  # inside the third record's payload
+    open(wal, "wb").write(bytes(data))
+    opts = StoreOptions(page_size=4096, write_buffer_bytes=1 << 20)
+    for ro in (False, True):
+        with pytest.raises(CorruptionError) as e:
+            Store.open(path, StoreOptions(page_size=4096, write_buffer_bytes=1 << 20, read_only=ro))
+        msg = str(e.value)
+        assert wal in msg and f"byte {2 * rec}" in msg and "point_in_time" in msg, msg
+    assert open(wal, "rb").read() == bytes(data), "a failed open must leave the WAL as it was"
+    pit = StoreOptions(page_size=4096, write_buffer_bytes=1 << 20, wal_recovery="point_in_time")
+    with Store.open(path, pit) as s:
+        got = s.get("x", np.arange(50, dtype=U64)).to_pylist()
+        assert got == [1] * 10 + [2] * 10 + [0] * 30, got  # the first two batches only
+        st = s.stats()
+        assert st["recovered_wal_records"] == 2 and st["wal_bytes_dropped"] == 3 * rec, st
+    with Store.open(path, opts) as s:  # the point-in-time state is now the store's
+        assert s.get("x", keys_of(25)).to_pylist() == [0]
+    with pytest.raises(InvalidArgumentError, match="wal_recovery"):
+        Store.open(path, StoreOptions(wal_recovery="skip"))
+
+
+def test_damaged_last_wal_record_is_a_torn_tail(tmp_path):
+    """The last record failing its checksum (a torn append) ends replay without an error."""
+    path, wal = _wal_store(tmp_path)
+    data = bytearray(open(wal, "rb").read())
+    data[-3] ^= 0xFF
+    open(wal, "wb").write(bytes(data))
+    with Store.open(path) as s:
+        assert s.get("x", keys_of(5, 15, 25, 35, 45)).to_pylist() == [1, 2, 3, 4, 0]
+        assert s.stats()["wal_bytes_dropped"] == len(data) // 5
+
+
+def test_directory_in_place_of_a_wal_file_is_corruption(tmp_path):
+    path, wal = _wal_store(tmp_path)
+    os.unlink(wal)
+    os.mkdir(wal)
+    with pytest.raises(CorruptionError, match="not a regular file"):
+        Store.open(path)

@@ -97,6 +97,7 @@ const OptionField<StoreOptions> kStoreOptions[] = {
     RF_OPTION("scan_threads", scan_threads),
     RF_OPTION("free_reserve_buffers", free_reserve_buffers),
     RF_OPTION("verify_block_reads", verify_block_reads),
+    RF_OPTION("wal_recovery", wal_recovery),
     RF_OPTION("pinner_enabled", pinner.enabled),
     RF_OPTION("pin_budget_frac", pinner.budget_frac),
     RF_OPTION("pin_threshold_frac", pinner.threshold_frac),

@@ -189,6 +189,15 @@ Status MetaStore::FlushLog() {
   return Status::OK();
 }
 
+namespace {
+// A RocksDB error of a read as the store's status: damage it detects (a block checksum, a bad
+// table) is a Corruption like the engine's own, not an I/O error to retry.
+Status FromRocks(const rocksdb::Status& s, const std::string& what, const std::string& dir) {
+  if (s.IsCorruption()) return Status::Corruption(what + " in '" + dir + "': the metadata database is damaged: " + s.ToString());
+  return Status::IOError(what + " in '" + dir + "': " + s.ToString());
+}
+}  // namespace
+
 MetaStore::~MetaStore() { db_.reset(); }
 
 Status MetaStore::Open(const std::string& dir, bool create, bool read_only) {
@@ -235,7 +244,7 @@ Status MetaStore::ReadFormat(std::string* value, bool* found) {
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "format", value);
   *found = s.ok();
   if (s.ok() || s.IsNotFound()) return Status::OK();
-  return Status::IOError("metadata read failed in '" + dir_ + "': " + s.ToString());
+  return FromRocks(s, "metadata read failed", dir_);
 }
 
 Status MetaStore::WriteFormat(const std::string& value) {
@@ -336,7 +345,7 @@ Status MetaStore::LoadFeatures(std::vector<FeatureDef>* out) {
                                 "' is damaged (type, dimension or name out of range)");
     out->push_back(f);
   }
-  if (!it->status().ok()) return Status::IOError("metadata scan failed in '" + dir_ + "': " + it->status().ToString());
+  if (!it->status().ok()) return FromRocks(it->status(), "metadata scan failed", dir_);
   return Status::OK();
 }
 
@@ -363,7 +372,7 @@ Status MetaStore::LoadPages(std::vector<std::pair<uint32_t, PageMeta>>* out) {
     if (!ok) return Status::Corruption("page record " + std::to_string(pid) + " in '" + dir_ + "' is truncated");
     out->emplace_back(pid, std::move(p));
   }
-  if (!it->status().ok()) return Status::IOError("metadata scan failed in '" + dir_ + "': " + it->status().ToString());
+  if (!it->status().ok()) return FromRocks(it->status(), "metadata scan failed", dir_);
   return Status::OK();
 }
 
@@ -372,7 +381,7 @@ Status MetaStore::LoadState(PersistentState* st, bool* found) {
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "S", &v);
   *found = s.ok();
   if (s.IsNotFound()) return Status::OK();
-  if (!s.ok()) return Status::IOError("metadata read failed in '" + dir_ + "': " + s.ToString());
+  if (!s.ok()) return FromRocks(s, "metadata read failed", dir_);
   size_t pos = 0;
   if (!GetRaw(v, &pos, &st->next_seq) || !GetRaw(v, &pos, &st->wal_start) || !GetRaw(v, &pos, &st->next_fid))
     return Status::Corruption("state record in '" + dir_ + "' is truncated");

@@ -189,6 +189,11 @@ Status StoreImpl::Close() {
     versions_.WaitForNoReadersLocked();
     wal_.Close();
   }
+  ReleaseResources();
+  return s;
+}
+
+void StoreImpl::ReleaseResources() {
   // No scan runs any more (each registered as a reader, and none can start): the parked lane
   // helpers stop with the handle, not when its last Python reference goes.
   lane_helpers_.reset();
@@ -200,7 +205,6 @@ Status StoreImpl::Close() {
     ::close(lock_fd_);
     lock_fd_ = -1;
   }
-  return s;
 }
 
 }  // namespace recflash

@@ -42,6 +42,13 @@ struct StoreOptions {
   // 512 B blocks taken from checksum-verified whole-page reads; a packed page without sums is
   // read whole once first. false: block reads are not verified (no DRAM for the sums).
   bool verify_block_reads = true;
+  // What recovery does with a WAL record that fails its checksum while later records follow
+  // it (damage, not the torn last append of a crash, which always just ends replay):
+  // "tolerate_torn_tail" fails the open with a Corruption naming the file and offset (RocksDB's
+  // kTolerateCorruptedTailRecords); "point_in_time" replays up to it and drops the rest of that
+  // file (kPointInTimeRecovery), stats()["wal_bytes_dropped"] counts the bytes
+  // replay passed over (torn tails included).
+  std::string wal_recovery = "tolerate_torn_tail";
   // Accounting mode: the same flush, pinner, merger and reclamation decide the same layout,
   // but pages are not written (nor the WAL, nor the metadata), merges find their records
   // through the key index instead of reading pages, and reads are costed with AccountScan.

@@ -146,6 +146,9 @@ class StoreImpl final : public Store {
   PendingIndex IndexPending(FeatureState* f, uint64_t* entries);
   FeatureState* FeatureStateFor(uint32_t fid);
   void ResetDerivedLocked() RF_REQUIRES(write_mu_, mu_);
+  // The tail of Close (and of a failed open): lane helpers, page file, rings, metadata
+  // database and the LOCK, released without writing anything.
+  void ReleaseResources();
   Status CheckWritable();
   // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
   // or the file is corrupt (the original status).
@@ -293,6 +296,7 @@ class StoreImpl final : public Store {
   std::atomic<double> encoded_bytes_read_{0};
   uint64_t flush_pages_written_ RF_GUARDED_BY(write_mu_) = 0;
   uint64_t recovered_wal_records_ RF_GUARDED_BY(write_mu_) = 0;
+  uint64_t wal_bytes_dropped_ RF_GUARDED_BY(write_mu_) = 0;  // not replayed (wal_recovery point_in_time)
   bool opened_from_checkpoint_ RF_GUARDED_BY(write_mu_) = false;
   // The CHECKPOINT on disk describes the committed state (loaded at open, nothing committed
   // since, or written by this close): close need not write it again.

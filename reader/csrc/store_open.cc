@@ -47,7 +47,10 @@ Status Store::Open(const std::string& path, const StoreOptions& options, std::un
       *out = std::move(s);
       return Status::OK();
     }
-    s->closed_ = true;  // nothing to flush
+    // Nothing to flush, but the files and the LOCK go now: a caller may retry the open (with
+    // other options) in this process.
+    s->closed_ = true;
+    s->ReleaseResources();
     if (st.code() != Status::Code::kStale) break;
   }
   return st;
@@ -63,6 +66,9 @@ Status StoreImpl::OpenImpl(const std::string& path) {
   if (o_.queue_depth < 1 || o_.queue_depth > 4096) return Status::InvalidArgument("queue_depth must be in [1, 4096]");
   if (o_.build_threads < 1 || o_.build_threads > 64) return Status::InvalidArgument("build_threads must be in [1, 64]");
   if (o_.scan_threads < 1 || o_.scan_threads > 16) return Status::InvalidArgument("scan_threads must be in [1, 16]");
+  if (o_.wal_recovery != "tolerate_torn_tail" && o_.wal_recovery != "point_in_time")
+    return Status::InvalidArgument("wal_recovery '" + o_.wal_recovery +
+                                   "' must be 'tolerate_torn_tail' or 'point_in_time'");
   if (!(o_.free_reserve_buffers >= 0 && o_.free_reserve_buffers <= 1024))  // also rejects NaN
     return Status::InvalidArgument("free_reserve_buffers " + std::to_string(o_.free_reserve_buffers) +
                                    " must be in [0, 1024] write buffers");
@@ -879,7 +885,7 @@ Status StoreImpl::ReplayWal(uint64_t* max_number) {
       if (!o_.read_only) ::unlink(name.c_str());  // holds nothing (e.g. the fresh file of a session that wrote nothing)
       continue;
     }
-    bool torn = false;
+    WalReadEnd end;
     RF_RETURN_IF_ERROR(ReadWalFile(
         name,
         [&](uint8_t type, const std::string& p) RF_REQUIRES(write_mu_) -> Status {
@@ -894,7 +900,15 @@ Status StoreImpl::ReplayWal(uint64_t* max_number) {
           recovered_wal_records_++;
           return Status::OK();
         },
-        &torn));
+        &end, o_.wal_recovery == "point_in_time"));
+    wal_bytes_dropped_ += end.dropped_bytes;
+    // Point in time: nothing logged after the damage is replayed, later files included (a torn
+    // tail is different: the file's writer died there, and the next session wrote the next file).
+    if (end.damaged) {
+      for (uint64_t later : numbers)
+        if (later > no) wal_bytes_dropped_ += fs::file_size(WalFileName(wal_dir_, later), ec);
+      break;
+    }
   }
   return Status::OK();
 }

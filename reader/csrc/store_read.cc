@@ -457,6 +457,10 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   // Page pid's segment of feature f (its ref j), checked against the snapshot.
   auto segment = [&](uint32_t pid, const PageView& pv, const ScanFeature& f, uint32_t j, SegmentView* sv) -> Status {
     const PageRef& ref = f.refs[j];
+    if (pv.seq() != ref.seq && (!o_.read_only || pv.seq() < ref.seq))  // no writer, or not a newer write
+      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' holds seq " +
+                                std::to_string(pv.seq()) + " where the metadata lists seq " + std::to_string(ref.seq) +
+                                ": the page file and the metadata disagree (damaged, or files from different states)");
     if (pv.seq() != ref.seq)
       return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
                            "' was rewritten by a writer since this read-only handle opened (seq " +

@@ -144,10 +144,16 @@ std::string StoreImpl::StatsJson() {
   j.KV("open_returned_slots", static_cast<double>(open_returned_slots_));
   j.KV("recovery_seconds", recovery_seconds_);
   j.KV("recovered_wal_records", static_cast<double>(recovered_wal_records_));
+  j.KV("wal_bytes_dropped", static_cast<double>(wal_bytes_dropped_));
   j.Key("read_only");
   j.Bool(o_.read_only);
   j.Key("opened_from_checkpoint");
   j.Bool(opened_from_checkpoint_);
+  // Whether item counts (live_items, per-feature items, fragmentation) are exact: a read-only
+  // handle counts every record of its pages as valid until it has the key index (from a
+  // matching CHECKPOINT or the pages), so its counts are upper bounds until then.
+  j.Key("items_exact");
+  j.Bool(key_index_ready_);
   // Whether the CHECKPOINT on disk describes the committed state (kept from the open while
   // nothing was committed, or written by close), and how many this handle wrote.
   j.Key("checkpoint_current");

@@ -132,13 +132,13 @@ int DecodePage(const std::string& bytes, uint32_t page_size, uint32_t page_id, b
 }
 
 // Fuzz entry: the records of a WAL file (framing and record checksums), as (type, payload).
-py::list ReadWal(const std::string& path) {
+py::list ReadWal(const std::string& path, bool point_in_time) {
   py::list out;
-  bool torn = false;
+  WalReadEnd end;
   Status s = ReadWalFile(path, [&](uint8_t type, const std::string& p) {
     out.append(py::make_tuple(type, py::bytes(p)));
     return Status::OK();
-  }, &torn);
+  }, &end, point_in_time);
   if (!s.ok()) throw std::runtime_error(s.ToString());
   return out;
 }
@@ -208,7 +208,7 @@ void RegisterTestingBindings(py::module_& parent) {
   m.def("status_to_string", [](int code, const std::string& msg) { return StatusOf(code, msg).ToString(); });
   m.def("decode_page", &DecodePage, py::arg("data"), py::arg("page_size"), py::arg("page_id") = 0,
         py::arg("fix_checksum") = false);
-  m.def("read_wal", &ReadWal, py::arg("path"));
+  m.def("read_wal", &ReadWal, py::arg("path"), py::arg("point_in_time") = true);
   m.def("meta_put", &MetaPut, py::arg("dir"), py::arg("kind"), py::arg("pick"), py::arg("value"));
   m.def("load_block_sums", [](const std::string& path, uint32_t page_size, uint32_t block_size) {
     BlockSums b(page_size, block_size);

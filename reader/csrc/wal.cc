@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -99,9 +100,26 @@ Status WalWriter::Sync() {
   return Status::OK();
 }
 
+namespace {
+
+// Whether the rest of the file from its current position holds only zero bytes.
+bool RestIsZero(FILE* f) {
+  char buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;)
+    for (size_t i = 0; i < n; i++)
+      if (buf[i] != 0) return false;
+  return true;
+}
+
+}  // namespace
+
 Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, const std::string&)>& fn,
-                   bool* torn_tail) {
-  *torn_tail = false;
+                   WalReadEnd* end, bool point_in_time) {
+  *end = WalReadEnd();
+  bool* torn_tail = &end->torn_tail;
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) != 0) return Status::FromErrno("stat", path, errno);
+  if (!S_ISREG(sb.st_mode)) return Status::Corruption("WAL file '" + path + "' is not a regular file");
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return Status::FromErrno("open", path, errno);
   Status s;
@@ -112,8 +130,12 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
     const long end = std::ftell(f);
     left = end > 0 ? static_cast<uint64_t>(end) : 0;
   }
+  const uint64_t size = left;
+  uint64_t last_at = 0;
   std::rewind(f);
   for (;;) {
+    const uint64_t at = size - left;  // this record's offset
+    last_at = at;
     uint8_t hdr[9];
     size_t got = std::fread(hdr, 1, 9, f);
     if (got == 0) break;
@@ -125,7 +147,7 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
     uint32_t crc, len;
     std::memcpy(&crc, hdr, 4);
     std::memcpy(&len, hdr + 4, 4);
-    if (len > left) {
+    if (len > left) {  // the file ends inside the record (or its length is damaged: no telling)
       *torn_tail = true;
       break;
     }
@@ -137,12 +159,24 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
     }
     if (crc32c::Extend(crc32c::Value(hdr + 8, 1), payload.data(), len) != crc) {
       *torn_tail = true;
+      if (left == 0 || RestIsZero(f)) break;
+      if (point_in_time) {
+        *torn_tail = false;
+        end->damaged = true;
+        break;
+      }
+      s = Status::Corruption("WAL file '" + path + "': the record at byte " + std::to_string(at) + " of " +
+                             std::to_string(size) + " fails its checksum and " + std::to_string(left) +
+                             " bytes of later records follow it (damage, not a torn append); replaying up to it "
+                             "would drop them. StoreOptions(wal_recovery='point_in_time') opens the store as of "
+                             "the record before it");
       break;
     }
     s = fn(hdr[8], payload);
     if (!s.ok()) break;
   }
   std::fclose(f);
+  if ((end->torn_tail || end->damaged) && s.ok()) end->dropped_bytes = size - last_at;
   return s;
 }
 

@@ -47,9 +47,23 @@ class WalWriter {
   uint64_t unsynced_ = 0;
 };
 
-// Calls fn for each intact record of the file in order.
+// How a WAL file's replay ended.
+struct WalReadEnd {
+  bool torn_tail = false;      // at a record the file ends inside: a crash mid-append
+  bool damaged = false;        // at a damaged record (with point_in_time; else an error)
+  uint64_t dropped_bytes = 0;  // not replayed: from that record to the end of the file
+};
+
+// Calls fn for each intact record of the file in order. A record the file ends inside (a
+// crash mid-append: never acknowledged) ends replay: a torn tail. A record that fails its
+// checksum with data after it is damage, not a torn append: records logged after it, some
+// perhaps synced, would be lost, so it is a Corruption naming the file and offset — unless
+// `point_in_time`, which replays up to it (RocksDB's kPointInTimeRecovery;
+// StoreOptions::wal_recovery). Zeros after a bad record count as a torn tail (a filesystem may
+// extend a file before the data reaches it). A damaged length field that points past the end
+// of the file cannot be told from a torn append.
 Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t type, const std::string& payload)>& fn,
-                   bool* torn_tail);
+                   WalReadEnd* end, bool point_in_time = false);
 
 // Numbers of the log files in dir, ascending.
 Status ListWalFiles(const std::string& dir, std::vector<uint64_t>* numbers);

@@ -33,8 +33,9 @@ class WalTest : public ::testing::Test {
     EXPECT_TRUE(w.Sync().ok());
     return payloads;
   }
-  std::vector<std::string> Read(bool* torn) {
+  std::vector<std::string> Read(bool* torn, bool point_in_time = false, WalReadEnd* out = nullptr) {
     std::vector<std::string> got;
+    WalReadEnd end;
     Status s = ReadWalFile(
         path_,
         [&](uint8_t type, const std::string& p) {
@@ -42,9 +43,16 @@ class WalTest : public ::testing::Test {
           got.push_back(p);
           return Status::OK();
         },
-        torn);
+        &end, point_in_time);
     EXPECT_TRUE(s.ok()) << s.ToString();
+    *torn = end.torn_tail;
+    if (out) *out = end;
     return got;
+  }
+  void Poke(uint64_t at, char c) {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(c);
   }
 
   std::filesystem::path dir_;
@@ -70,16 +78,55 @@ TEST_F(WalTest, TornTailEndsReplayAtTheLastIntactRecord) {
   }
 }
 
-TEST_F(WalTest, CorruptRecordIsATornTail) {
+// A damaged record with records after it is not a torn append: replaying up to it would drop
+// the later ones (synced, perhaps) without a word, so it fails, naming the file and offset.
+TEST_F(WalTest, DamagedRecordWithLaterRecordsIsCorruption) {
   Write({"first", "second", "third"});
-  {
-    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(9 + 5 + 9 + 2);  // a payload byte of "second"
-    f.put('#');
-  }
+  Poke(9 + 5 + 9 + 2, '#');  // a payload byte of "second"
+  std::vector<std::string> got;
+  WalReadEnd end;
+  Status s = ReadWalFile(
+      path_, [&](uint8_t, const std::string& p) { got.push_back(p); return Status::OK(); }, &end);
+  EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
+  EXPECT_NE(s.ToString().find(path_), std::string::npos) << s.ToString();
+  EXPECT_NE(s.ToString().find("byte 14"), std::string::npos) << s.ToString();
+  EXPECT_EQ(got, std::vector<std::string>{"first"});
+  // Point-in-time recovery replays up to it and says what it passed over.
+  bool torn = true;
+  WalReadEnd pit;
+  EXPECT_EQ(Read(&torn, true, &pit), std::vector<std::string>{"first"});
+  EXPECT_FALSE(torn);
+  EXPECT_TRUE(pit.damaged);
+  EXPECT_EQ(pit.dropped_bytes, std::filesystem::file_size(path_) - 14);
+}
+
+// The last record failing its checksum, or a bad record followed only by zeros (a file
+// extended before its data arrived), is a torn tail.
+TEST_F(WalTest, DamagedLastRecordOrZerosAfterItIsATornTail) {
+  Write({"first", "second", "third"});
+  const auto size = std::filesystem::file_size(path_);
+  Poke(size - 1, '#');
   bool torn = false;
-  EXPECT_EQ(Read(&torn), (std::vector<std::string>{"first"}));
+  EXPECT_EQ(Read(&torn), (std::vector<std::string>{"first", "second"}));
   EXPECT_TRUE(torn);
+  std::filesystem::remove(path_);
+  Write({"first", "second", std::string(5000, 'z')});
+  const auto size2 = std::filesystem::file_size(path_);
+  for (uint64_t at = size2 - 4000; at < size2; at++) Poke(at, '\0');
+  torn = false;
+  WalReadEnd end;
+  EXPECT_EQ(Read(&torn, false, &end), (std::vector<std::string>{"first", "second"}));
+  EXPECT_TRUE(torn);
+  EXPECT_FALSE(end.damaged);
+  EXPECT_EQ(end.dropped_bytes, 5000u + 9);
+}
+
+// A directory where a log file should be is damage, not an empty log.
+TEST_F(WalTest, ADirectoryInPlaceOfALogIsCorruption) {
+  std::filesystem::create_directories(path_);
+  WalReadEnd end;
+  Status s = ReadWalFile(path_, [](uint8_t, const std::string&) { return Status::OK(); }, &end);
+  EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
 }
 
 TEST(WriteBatch, FixedWidthPutAndDeleteRoundTrip) {

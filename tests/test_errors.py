@@ -94,8 +94,11 @@ def test_unknown_feature(store, op):
     ("emb", np.ones((2, 9), dtype=np.float32)),
     ("emb", np.ones(2, dtype=np.float32)),
     ("emb", pa.FixedSizeListArray.from_arrays(pa.array(np.ones(8, dtype=np.float32)), 4)),
+    ("hist", [[1.5], [2.7, 3.9]]),
+    ("hist", [np.array([1.0, 2.5]), [1]]),
 ], ids=["float-str-list", "float-str-array", "float-lists", "float-2d", "int-float64",
-        "int-float32", "emb-dim4", "emb-dim9", "emb-1d", "emb-arrow-dim4"])
+        "int-float32", "emb-dim4", "emb-dim9", "emb-1d", "emb-arrow-dim4", "intlist-pyfloats",
+        "intlist-float-arrays"])
 def test_wrong_dtype_schema_error(store, feature, values):
     with pytest.raises(SchemaError) as ei:
         store.put(feature, keys_of(5, 6), values)

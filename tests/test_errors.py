@@ -445,3 +445,43 @@ def test_directory_in_place_of_a_wal_file_is_corruption(tmp_path):
     os.mkdir(wal)
     with pytest.raises(CorruptionError, match="not a regular file"):
         Store.open(path)
+
+
+META_CHILD = r'''
+import os, sys
+import numpy as np
+from recflash.reader import Store, StoreOptions
+s = Store.open(sys.argv[1], StoreOptions(page_size=4096, write_buffer_bytes=1 << 20))
+s.create_feature("x", "int64")
+for v in range(1, 11):
+    s.put("x", np.arange(1000, dtype=np.uint64), np.full(1000, v, np.int64))
+    s.flush()
+s.delete("x", np.arange(100, dtype=np.uint64))
+s.flush()
+os._exit(0)
+'''
+
+
+@pytest.mark.parametrize("keep", ["last-6", "100", "1000"])
+def test_metadata_that_lost_commits_fails_the_open(tmp_path, keep):
+    """RocksDB's log cut short (its last commits gone) leaves the metadata older than the WAL
+    files: their items were in WAL files the lost commits deleted. The open must say so
+    (CorruptionError), not mix the old state with later WAL records or report an empty store,
+    and a failed writable open must not shrink pages.dat (the lost commits' pages are there)."""
+    import glob
+
+    path = str(tmp_path / "s")
+    subprocess.run([sys.executable, "-P", "-c", META_CHILD, path], check=True, timeout=120)
+    log = sorted(glob.glob(os.path.join(path, "meta", "*.log")))[-1]
+    size = os.path.getsize(log)
+    os.truncate(log, size - 6 if keep == "last-6" else min(int(keep), size))
+    pages = os.path.getsize(os.path.join(path, "pages.dat"))
+    for ro in (True, False):
+        try:
+            with Store.open(path, read_only=ro) as s:
+                got = s.scan("x")
+        except CorruptionError as e:
+            assert "lost commits" in str(e) and "wal" in str(e), str(e)
+        else:  # only if nothing committed was cut: then it is the final state
+            assert got.num_rows == 900 and set(got.column("value").to_pylist()) == {10}, keep
+    assert os.path.getsize(os.path.join(path, "pages.dat")) == pages

@@ -286,6 +286,7 @@ void MetaStore::PutState(rocksdb::WriteBatch* b, const PersistentState& st) {
   PutRaw<uint32_t>(&v, st.next_fid);
   PutRaw<uint64_t>(&v, st.user_bytes_written);
   PutRaw<uint64_t>(&v, st.pages_written);
+  PutRaw<uint8_t>(&v, 1);  // wal_start_kept: this version keeps the wal_start file
   b->Put("S", v);
 }
 
@@ -388,6 +389,9 @@ Status MetaStore::LoadState(PersistentState* st, bool* found) {
   // Counters were added later; a record without them starts them at zero.
   if (pos < v.size() && (!GetRaw(v, &pos, &st->user_bytes_written) || !GetRaw(v, &pos, &st->pages_written)))
     return Status::Corruption("state record in '" + dir_ + "' is truncated");
+  uint8_t kept = 0;
+  if (pos < v.size() && !GetRaw(v, &pos, &kept)) return Status::Corruption("state record in '" + dir_ + "' is truncated");
+  st->wal_start_kept = kept != 0;
   return Status::OK();
 }
 

@@ -161,6 +161,11 @@ struct PersistentState {
   // reopening. (Items acknowledged but not yet flushed count once their flush commits.)
   uint64_t user_bytes_written = 0;
   uint64_t pages_written = 0;
+  // Written true by every commit of this version: the WAL file wal_start names is kept until
+  // a commit moves wal_start past it (older versions unlinked it at open when empty), so its
+  // absence while later WAL files exist means commits were lost from the metadata (see
+  // StoreImpl::ReplayWal). False in records written before the rule.
+  bool wal_start_kept = false;
 };
 
 // RocksDB-backed persistence of the tables.

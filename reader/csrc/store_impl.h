@@ -168,7 +168,9 @@ class StoreImpl final : public Store {
   // Every metadata commit goes through here, so none lands next to a checkpoint of the
   // state before it.
   Status CommitMetaLocked(rocksdb::WriteBatch* b) RF_REQUIRES(write_mu_);
-  Status ReplayWal(uint64_t* max_number) RF_REQUIRES(write_mu_);
+  // Replays the WAL files from pstate_.wal_start on. *max_number: the highest file number
+  // seen; *start_empty: the wal_start file exists and is empty.
+  Status ReplayWal(uint64_t* max_number, bool* start_empty) RF_REQUIRES(write_mu_);
 
   Status Write(WriteOp* w);
   // The writer side: every ...Locked function below needs write_mu_ held (they take mu_

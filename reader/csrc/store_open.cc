@@ -239,8 +239,9 @@ Status StoreImpl::Recover() {
     if (f->pages.empty() && f->index.size() == 0 && !o_.accounting) f->index.Defer();
 
   uint64_t max_no = 0;
-  RF_RETURN_IF_ERROR(ReplayWal(&max_no));
-  wal_number_ = std::max(max_no, pstate_.wal_start - 1) + 1;
+  bool start_empty = false;
+  RF_RETURN_IF_ERROR(ReplayWal(&max_no, &start_empty));
+  wal_number_ = start_empty && max_no == pstate_.wal_start ? max_no : std::max(max_no, pstate_.wal_start - 1) + 1;
   RF_RETURN_IF_ERROR(wal_.Open(WalFileName(wal_dir_, wal_number_)));
   RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
   {
@@ -268,7 +269,8 @@ Status StoreImpl::RecoverReadOnly() {
   DeriveAllValid();
   key_index_ready_ = false;
   uint64_t max_no = 0;
-  RF_RETURN_IF_ERROR(ReplayWal(&max_no));
+  bool start_empty = false;
+  RF_RETURN_IF_ERROR(ReplayWal(&max_no, &start_empty));
   {
     MutexLock l(&mu_);  // no reader yet, but the rule for what readers reach holds anyway
     versions_.AssertHeld();
@@ -866,10 +868,39 @@ bool StoreImpl::LoadCheckpoint() {
   return true;
 }
 
-Status StoreImpl::ReplayWal(uint64_t* max_number) {
+namespace {
+
+// Whether a writer holds the store's LOCK now (for a read-only handle, which takes no lock: a
+// shared probe that is released at once, on a LOCK it does not create).
+bool WriterHoldsLock(const std::string& path) {
+  const int fd = ::open(StoreFileName(path, FileKind::kLock).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // releases a shared lock taken
+  return held;
+}
+
+}  // namespace
+
+Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
   std::vector<uint64_t> numbers;
   RF_RETURN_IF_ERROR(ListWalFiles(wal_dir_, &numbers));
   *max_number = 0;
+  *start_empty = false;
+  // The wal_start file is kept until a commit moves past it, and a commit deletes only the
+  // files below its new wal_start: that file missing while later ones exist means the metadata
+  // is older than the WAL, i.e. it lost commits (a truncated RocksDB log). Their items were in
+  // the deleted files; replaying the later ones onto the old state would mix two states, and a
+  // writer would then reuse the slots of the lost commits' pages.
+  if (pstate_.wal_start_kept && !std::binary_search(numbers.begin(), numbers.end(), pstate_.wal_start) &&
+      !numbers.empty() && numbers.back() > pstate_.wal_start) {
+    const std::string msg = "store '" + path_ + "': the metadata names WAL file " +
+                            WalFileName(wal_dir_, pstate_.wal_start) + " as the first to replay, but it is missing "
+                            "while later WAL files exist";
+    if (o_.read_only && WriterHoldsLock(path_))  // it may have committed past the snapshot's state since: retry
+      return Status::Stale(msg + " (a writer moved on, or the metadata lost commits); reopen");
+    return Status::Corruption(msg + ": the metadata database lost commits (its log damaged or truncated)");
+  }
   for (uint64_t no : numbers) {
     const std::string name = WalFileName(wal_dir_, no);
     *max_number = std::max(*max_number, no);
@@ -882,7 +913,13 @@ Status StoreImpl::ReplayWal(uint64_t* max_number) {
       return Status::Stale("store '" + path_ + "': WAL file '" + name + "' was retired by a writer during the "
                            "read-only open; reopen");
     if (fs::file_size(name, ec) == 0 && !ec) {
-      if (!o_.read_only) ::unlink(name.c_str());  // holds nothing (e.g. the fresh file of a session that wrote nothing)
+      // Holds nothing (e.g. the fresh file of a session that wrote nothing). The wal_start
+      // file stays (see above); the session reuses it when it is the last.
+      if (no == pstate_.wal_start) {
+        *start_empty = true;
+      } else if (!o_.read_only) {
+        ::unlink(name.c_str());
+      }
       continue;
     }
     WalReadEnd end;

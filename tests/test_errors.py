@@ -485,3 +485,22 @@ def test_metadata_that_lost_commits_fails_the_open(tmp_path, keep):
         else:  # only if nothing committed was cut: then it is the final state
             assert got.num_rows == 900 and set(got.column("value").to_pylist()) == {10}, keep
     assert os.path.getsize(os.path.join(path, "pages.dat")) == pages
+
+
+@pytest.mark.parametrize("how", ["deleted", "cut"])
+def test_page_file_shorter_than_the_metadata_fails_the_open(tmp_path, how):
+    """pages.dat deleted or cut below the pages the metadata lists: the open says so, in both
+    modes, instead of creating an empty file and failing every later read of those pages."""
+    path = str(tmp_path / "s")
+    with Store.open(path) as s:
+        s.create_feature("x", "int64")
+        s.put("x", np.arange(50000, dtype=U64), np.arange(50000))
+    pages = os.path.join(path, "pages.dat")
+    if how == "deleted":
+        os.unlink(pages)
+    else:
+        os.truncate(pages, os.path.getsize(pages) // 2)
+    for ro in (True, False):
+        with pytest.raises(CorruptionError, match="the page file was truncated") as e:
+            Store.open(path, read_only=ro)
+        assert pages in str(e.value)

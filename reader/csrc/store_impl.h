@@ -171,6 +171,9 @@ class StoreImpl final : public Store {
   // Replays the WAL files from pstate_.wal_start on. *max_number: the highest file number
   // seen; *start_empty: the wal_start file exists and is empty.
   Status ReplayWal(uint64_t* max_number, bool* start_empty) RF_REQUIRES(write_mu_);
+  // Corruption (Stale for a read-only handle while a writer runs) when the metadata lists
+  // pages at or past `slots`, the page file's length in pages.
+  Status CheckPagesWithinFile(uint32_t max_pid, uint64_t slots);
 
   Status Write(WriteOp* w);
   // The writer side: every ...Locked function below needs write_mu_ held (they take mu_

@@ -138,6 +138,9 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     wal_dir_ = StoreFileName(path, FileKind::kWalDir);
     RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true));
     pages_path_ = StoreFileName(path, FileKind::kPages);
+    if (!fs::exists(pages_path_, ec))  // a writable open creates it with the store
+      return Status::Corruption("store '" + path + "': '" + pages_path_ +
+                                "' is missing: the page file was truncated, replaced or recreated (deleted)");
     RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io, true));
     const uint32_t slot_bytes = PagesPerRead() * o_.page_size;
     rings_ = IoRingPool::Shared(o_.queue_depth, slot_bytes);
@@ -216,6 +219,20 @@ Status StoreImpl::LoadTables(uint32_t* max_pid) {
   return Status::OK();
 }
 
+namespace {
+
+// Whether a writer holds the store's LOCK now (for a read-only handle, which takes no lock: a
+// shared probe that is released at once, on a LOCK it does not create).
+bool WriterHoldsLock(const std::string& path) {
+  const int fd = ::open(StoreFileName(path, FileKind::kLock).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // releases a shared lock taken
+  return held;
+}
+
+}  // namespace
+
 Status StoreImpl::Recover() {
   const double t0 = Now();
   uint32_t max_pid = 0;
@@ -224,6 +241,7 @@ Status StoreImpl::Recover() {
     return Status::InvalidArgument("accounting mode needs a new store; '" + path_ + "' already holds pages");
   uint64_t slots = 0;
   RF_RETURN_IF_ERROR(file_.SlotCount(&slots));
+  RF_RETURN_IF_ERROR(CheckPagesWithinFile(max_pid, slots));
   pages_.EnsureSlots(static_cast<uint32_t>(std::max<uint64_t>(slots, max_pid)));
   for (uint32_t p = 0; p < pages_.slots(); p++)
     if (!pages_.at(p).live) pages_.AddFree(p);
@@ -256,10 +274,26 @@ Status StoreImpl::Recover() {
   return Status::OK();
 }
 
+Status StoreImpl::CheckPagesWithinFile(uint32_t max_pid, uint64_t slots) {
+  // Committed pages were synced before their commit, and only free slots are ever trimmed:
+  // a live page past the end means pages.dat was cut, replaced or recreated (or the marker's
+  // page size changed), and every read of those pages would fail.
+  if (max_pid <= slots) return Status::OK();
+  const std::string msg = "store '" + path_ + "': the metadata lists page " + std::to_string(max_pid - 1) + " but '" +
+                          pages_path_ + "' holds " + std::to_string(slots) + " pages of " +
+                          std::to_string(o_.page_size) + " bytes";
+  if (o_.read_only && WriterHoldsLock(path_))  // the writer may have freed and trimmed them since
+    return Status::Stale(msg + " (a writer moved on, or the file was cut); reopen");
+  return Status::Corruption(msg + ": the page file was truncated, replaced or recreated");
+}
+
 Status StoreImpl::RecoverReadOnly() {
   const double t0 = Now();
   uint32_t max_pid = 0;
   RF_RETURN_IF_ERROR(LoadTables(&max_pid));
+  uint64_t slots = 0;
+  RF_RETURN_IF_ERROR(file_.SlotCount(&slots));
+  RF_RETURN_IF_ERROR(CheckPagesWithinFile(max_pid, slots));
   {
     MutexLock l(&mu_);
     ResetDerivedLocked();
@@ -868,19 +902,6 @@ bool StoreImpl::LoadCheckpoint() {
   return true;
 }
 
-namespace {
-
-// Whether a writer holds the store's LOCK now (for a read-only handle, which takes no lock: a
-// shared probe that is released at once, on a LOCK it does not create).
-bool WriterHoldsLock(const std::string& path) {
-  const int fd = ::open(StoreFileName(path, FileKind::kLock).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-  ::close(fd);  // releases a shared lock taken
-  return held;
-}
-
-}  // namespace
 
 Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
   std::vector<uint64_t> numbers;

@@ -79,3 +79,24 @@ def test_file_names_come_from_the_engine(store_path, opts):
     present = set(os.listdir(store_path))
     for role in ("marker", "pages", "meta", "wal", "lock", "checkpoint"):
         assert FILE_NAMES[role] in present, role
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("merge_threshold", -1.0, "merge_threshold -1 must be a finite value >= 1"),
+    ("merge_threshold", float("nan"), "merge_threshold nan"),
+    ("merge_threshold_bulk_load", 0.0, "merge_threshold_bulk_load 0"),
+    ("merge_target_frac", -3.0, "merge_target_frac -3 must be in [0, 1]"),
+    ("merge_low_benefit_frac", 1.5, "merge_low_benefit_frac 1.5"),
+    ("merge_run_weight", float("inf"), "merge_run_weight inf"),
+    ("pin_budget_frac", 5.0, "pin_budget_frac 5 must be in [0, 1]"),
+    ("pin_threshold_frac", -0.1, "pin_threshold_frac"),
+    ("space_amp_target", -1.0, "space_amp_target -1"),
+    ("space_amp_target", 3.0, "space_amp_target 3 must not exceed space_amp_limit 2"),
+    ("max_io_bytes", 0, "max_io_bytes must be at least 1"),
+])
+def test_tuning_options_out_of_range_are_refused(tmp_path, option, value, message):
+    """A tuning knob outside its range fails the open by name, before anything is created."""
+    with pytest.raises(InvalidArgumentError) as e:
+        Store.open(str(tmp_path / "s"), StoreOptions(**{option: value}))
+    assert message in str(e.value), str(e.value)
+    assert not (tmp_path / "s").exists()

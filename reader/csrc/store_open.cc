@@ -56,6 +56,51 @@ Status Store::Open(const std::string& path, const StoreOptions& options, std::un
   return st;
 }
 
+namespace {
+
+// The tuning knobs' ranges: a value outside one (a negative fraction, NaN, a threshold below
+// the ideal layout) would not fail anything at once, only make the merger, pinner or
+// reclamation behave in ways nobody chose.
+Status CheckTuningOptions(const StoreOptions& o) {
+  auto num = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  struct Range {
+    const char* name;
+    double value, lo, hi;  // hi 0: no upper bound (but finite)
+    const char* what;
+  };
+  const Range ranges[] = {
+      {"pin_budget_frac", o.pinner.budget_frac, 0, 1, "a fraction of the write buffer"},
+      {"pin_threshold_frac", o.pinner.threshold_frac, 0, 1, "a fraction of a page"},
+      {"merge_threshold", o.merger.threshold, 1, 0, "a fragmentation degree: pages held / ideal pages"},
+      {"merge_threshold_bulk_load", o.merger.bulk_load_threshold, 1, 0, "a fragmentation degree"},
+      {"merge_target_frac", o.merger.target_frac, 0, 1, "a fraction"},
+      {"merge_low_benefit_frac", o.merger.low_benefit_frac, 0, 1, "a fraction of a page"},
+      {"merge_min_slack_pages", o.merger.min_slack_pages, 0, 0, "pages"},
+      {"merge_run_weight", o.merger.run_weight, 0, 0, "a weight"},
+      {"space_amp_limit", o.reclaim.space_amp_limit, 1, 0, "pages in use / pages the live data needs"},
+      {"space_amp_target", o.reclaim.space_amp_target, 1, 0, "pages in use / pages the live data needs"},
+  };
+  for (const Range& r : ranges) {
+    const bool ok = r.value >= r.lo && std::isfinite(r.value) && (r.hi == 0 || r.value <= r.hi);  // NaN fails
+    if (!ok)
+      return Status::InvalidArgument(std::string(r.name) + " " + num(r.value) + " must be " +
+                                     (r.hi == 0 ? "a finite value >= " + num(r.lo)
+                                                : "in [" + num(r.lo) + ", " + num(r.hi) + "]") +
+                                     " (" + r.what + ")");
+  }
+  if (o.reclaim.space_amp_target > o.reclaim.space_amp_limit)
+    return Status::InvalidArgument("space_amp_target " + num(o.reclaim.space_amp_target) +
+                                   " must not exceed space_amp_limit " + num(o.reclaim.space_amp_limit));
+  if (o.max_io_bytes == 0) return Status::InvalidArgument("max_io_bytes must be at least 1 (rounded up to one page)");
+  return Status::OK();
+}
+
+}  // namespace
+
 Status StoreImpl::OpenImpl(const std::string& path) {
   const uint32_t ps = o_.page_size;
   if (ps < 4096 || ps > (1u << 20) || (ps & (ps - 1)) != 0)
@@ -66,6 +111,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
   if (o_.queue_depth < 1 || o_.queue_depth > 4096) return Status::InvalidArgument("queue_depth must be in [1, 4096]");
   if (o_.build_threads < 1 || o_.build_threads > 64) return Status::InvalidArgument("build_threads must be in [1, 64]");
   if (o_.scan_threads < 1 || o_.scan_threads > 16) return Status::InvalidArgument("scan_threads must be in [1, 16]");
+  RF_RETURN_IF_ERROR(CheckTuningOptions(o_));
   if (o_.wal_recovery != "tolerate_torn_tail" && o_.wal_recovery != "point_in_time")
     return Status::InvalidArgument("wal_recovery '" + o_.wal_recovery +
                                    "' must be 'tolerate_torn_tail' or 'point_in_time'");

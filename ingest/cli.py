@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import sys
 import traceback
 from pathlib import Path
@@ -18,11 +19,13 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 from rich.progress import (BarColumn, Progress, ProgressColumn, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
+from rich.markup import escape
 from rich.text import Text
 
 from recflash.reader._cli import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK,  # noqa: F401
-                                   _features_table, _stats_table, _table, console, err_console, fail, human_bytes,
-                                   jsonable, open_store, ratio, store_errors)
+                                   _features_table, _stats_table, _table, check_output_file, check_store_dir,
+                                   console, err_console, error_text, fail, human_bytes, jsonable, open_store, ratio,
+                                   store_errors)
 
 import_app = typer.Typer(
     name="import",
@@ -126,8 +129,12 @@ def _run(make_source: Callable[[], Any], store: Path, *, upsert: bool, append: b
     except ImportError as e:  # pragma: no cover
         fail(f"the recflash engine is not importable ({e}); run `make build`", EXIT_INTERNAL)
     bad_input_errors = _bad_input_store_errors()
-    if write_buffer_mb <= 0:
-        fail("--write-buffer-mb must be > 0", EXIT_BAD_INPUT)
+    if not write_buffer_mb > 0 or not math.isfinite(write_buffer_mb):
+        fail("--write-buffer-mb must be a number > 0", EXIT_BAD_INPUT)
+    # Paths first: a wrong --summary-json must not turn up only after the import ran.
+    if summary_json is not None:
+        check_output_file(summary_json, "--summary-json")
+    check_store_dir(store)
     opts = ImportOptions(upsert=upsert, append=append, key_offset=key_offset, write_buffer_mb=write_buffer_mb,
                          page_size=page_size, restart=restart)
     progress = task = None
@@ -158,15 +165,15 @@ def _run(make_source: Callable[[], Any], store: Path, *, upsert: bool, append: b
         r = e.result
         err_console.print(f"[yellow]interrupted[/yellow]: {r.rows_total:,} rows of this import are in the store "
                           f"(durable); run the same command again to resume.", highlight=False)
-        _write_summary(summary_json, r)
+        _write_summary(summary_json, r, fatal=False)
         raise typer.Exit(EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/yellow] before any row was written.")
         raise typer.Exit(EXIT_INTERRUPTED)
     except bad_input_errors as e:
-        fail(f"{type(e).__name__}: {e}", EXIT_BAD_INPUT)
+        fail(error_text(e), EXIT_BAD_INPUT)
     except RecflashError as e:
-        fail(f"{type(e).__name__}: {e}", EXIT_INTERNAL)
+        fail(error_text(e), EXIT_INTERNAL)
     except typer.Exit:
         raise
     except Exception as e:  # an internal failure: say so, with the traceback for a bug report
@@ -177,8 +184,9 @@ def _run(make_source: Callable[[], Any], store: Path, *, upsert: bool, append: b
         err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
     if result.status == "already-done":
         console.print(f"nothing to do: this import already completed ({result.rows_total:,} rows, keys "
-                      f"{result.key_start:,}..{max(result.key_start, result.key_end - 1):,}); --restart imports "
-                      "it again", highlight=False, soft_wrap=True)
+                      f"{result.key_start:,}..{max(result.key_start, result.key_end - 1):,}) and its input is "
+                      f"unchanged; {result.rerun_options} imports it again over the same keys", highlight=False,
+                      soft_wrap=True)
         _write_summary(summary_json, result)
         return
     if result.resumed:
@@ -205,15 +213,23 @@ def _bad_input_store_errors() -> tuple[type[BaseException], ...]:
             e.UnknownFeatureError, e.ValueTooLargeError)
 
 
-def _write_summary(path: Optional[Path], result) -> None:
+def _write_summary(path: Optional[Path], result, fatal: bool = True) -> None:
+    """Writes the summary; a failure is one error line (exit 2 when ``fatal``: the import's own
+    outcome was printed already)."""
     if path is None:
         return
-    path.write_text(json.dumps(jsonable(result.as_dict()), indent=2, sort_keys=True) + "\n")
+    try:
+        path.write_text(json.dumps(jsonable(result.as_dict()), indent=2, sort_keys=True) + "\n")
+    except OSError as e:
+        message = f"--summary-json {path}: cannot write it ({e.strerror or e}); the import itself is unaffected"
+        if fatal:
+            fail(message, EXIT_BAD_INPUT)
+        err_console.print(f"[bold red]error:[/bold red] [red]{escape(message)}[/red]", highlight=False)
 
 
 def _block_bytes(block_mb: float) -> int:
-    if block_mb <= 0:
-        fail("--block-mb must be > 0", EXIT_BAD_INPUT)
+    if not block_mb > 0 or not math.isfinite(block_mb):
+        fail("--block-mb must be a number > 0", EXIT_BAD_INPUT)
     return max(4096, int(block_mb * (1 << 20)))
 
 
@@ -237,7 +253,7 @@ def import_criteo(
     quiet: QuietOpt = False,
     summary_json: SummaryOpt = None,
 ) -> None:
-    """Criteo click logs (Kaggle train/test, 1TB day files; plain or .gz): label, I1..I13, C1..C26.
+    """Criteo click logs (Kaggle train/test, 1TB day files; plain or .gz/.zst/.bz2/.lz4): label, I1..I13, C1..C26.
 
     label becomes a float32 feature, I1..I13 int64, C1..C26 int64 (the parsed hex hash).
     \f
@@ -393,7 +409,7 @@ def _amplification_table(stats: dict[str, Any], reads: Optional[dict[str, dict]]
 
 
 def _imports_table(jobs: list[dict]) -> Any:
-    t = _table("imports")
+    t = _table("imports", caption="a job that is not done resumes when its command runs again")
     for col in ("job", "command", "status", "rows", "keys", "skipped"):
         t.add_column(col, justify="right" if col in ("rows", "skipped") else "left", no_wrap=True)
     for j in jobs:
@@ -403,6 +419,18 @@ def _imports_table(jobs: list[dict]) -> Any:
                   f"{int(j.get('rows', 0)):,}", f"{ks:,}..{ke - 1:,}" if ke > ks else "—",
                   f"{int(j.get('bad_lines_skipped', 0)):,}")
     return t
+
+
+def _jobs_now(store: Path) -> list[dict]:
+    """The store's import journals, ``status`` as it is now (:func:`journal.job_status`: a job
+    whose run failed, was interrupted or killed is not shown as running); the journal's own
+    value ("running" for every job not done) is kept as ``journal_status``."""
+    from recflash.ingest.journal import all_jobs, job_status
+
+    out = []
+    for j in all_jobs(str(store)):
+        out.append(dict(j, status=job_status(j), journal_status=j.get("status")))
+    return out
 
 
 def stats_command(
@@ -418,13 +446,13 @@ def stats_command(
 ) -> None:
     """Per-feature items, pages and fragmentation degree, and the store's amplifications.
     The store is a positional argument as in ``recflash info STORE``; ``--store`` is an alias."""
-    from recflash.ingest.journal import all_jobs
-
     if store_arg is not None and store_opt is not None and store_arg != store_opt:
         fail(f"two stores given: {store_arg} and --store {store_opt}", EXIT_BAD_INPUT)
     store = store_arg if store_arg is not None else store_opt
     if store is None:
         fail("missing the store directory: recflash stats STORE", EXIT_BAD_INPUT)
+    if plot is not None:  # before the store is read (a --scan reads all of it)
+        _check_plot(plot)
 
     reads: dict[str, dict] = {}
     with store_errors():
@@ -435,7 +463,7 @@ def stats_command(
                     s.scan(name)
                     reads[name] = dict(s.last_read_stats())
             stats = dict(s.stats())
-    jobs = all_jobs(str(store))
+    jobs = _jobs_now(store)
     if plot is not None:
         _plot(plot, store, types, stats)
     if as_json:
@@ -464,6 +492,20 @@ def stats_command(
         console.print(_imports_table(jobs))
     if plot is not None:
         console.print(f"\nplot written to {plot}", highlight=False)
+
+
+def _check_plot(path: Path) -> None:
+    """--plot's path can be written, matplotlib is there and knows the file type."""
+    check_output_file(path, "--plot")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        fail("--plot needs matplotlib (pip install matplotlib)", EXIT_BAD_INPUT)
+    suffix = path.suffix[1:].lower()
+    kinds = FigureCanvasAgg.get_supported_filetypes()
+    if suffix and suffix not in kinds:
+        fail(f"--plot {path}: cannot write .{suffix} files (use one of: {', '.join('.' + k for k in sorted(kinds))})",
+             EXIT_BAD_INPUT)
 
 
 def _plot(path: Path, store: Path, types: dict[str, str], stats: dict[str, Any]) -> None:
@@ -498,5 +540,9 @@ def _plot(path: Path, store: Path, types: dict[str, str], stats: dict[str, Any])
     ax.set_xticks(list(x))
     ax.set_xticklabels(names, rotation=90, fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, ValueError) as e:
+        fail(f"--plot {path}: cannot write it ({getattr(e, 'strerror', None) or e})", EXIT_BAD_INPUT)
+    finally:
+        plt.close(fig)

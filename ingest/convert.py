@@ -119,8 +119,10 @@ def _as_int64(arr: pa.Array, name: str) -> pa.Array:
     return arr.cast(pa.int64())
 
 
-def to_column(arr, stype: str, name: str, hex_ids: bool = False) -> Column:
-    """Converts one Arrow column of a chunk. Raises BadRows for values that cannot be stored."""
+def to_column(arr, stype: str, name: str, hex_ids: bool = False, max_value_bytes: Optional[int] = None) -> Column:
+    """Converts one Arrow column of a chunk. Raises BadRows for values that cannot be stored,
+    among them variable-width values longer than ``max_value_bytes`` (when given: a page of
+    the store cannot hold them)."""
     arr = _combine(arr)
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
@@ -157,6 +159,7 @@ def to_column(arr, stype: str, name: str, hex_ids: bool = False) -> Column:
             _bad_list_rows(arr, valid, name)
         if pa.types.is_large_list(arr.type) or arr.type.value_type != child_type:
             arr = arr.cast(pa.list_(child_type), safe=False)
+        _check_value_bytes(arr, valid, name, max_value_bytes, 8 if stype == "list<int64>" else 4)
         return Column(valid, arr)
     if dim:
         if arr.flatten().null_count:
@@ -168,8 +171,28 @@ def to_column(arr, stype: str, name: str, hex_ids: bool = False) -> Column:
     if stype == "binary":
         if not pa.types.is_binary(arr.type):
             arr = arr.cast(pa.binary())
+        _check_value_bytes(arr, valid, name, max_value_bytes, 0)
         return Column(valid, arr)
     raise ValueError(f"column {name}: unsupported store type {stype}")  # pragma: no cover
+
+
+def _check_value_bytes(arr: pa.Array, valid: Optional[np.ndarray], name: str, limit: Optional[int],
+                      element_bytes: int) -> None:
+    """Raises BadRows for the rows whose value (a binary, or a list of ``element_bytes``-byte
+    elements) is longer than ``limit`` bytes. ``arr`` holds the present values only."""
+    if limit is None or len(arr) == 0 or arr.nbytes <= limit:
+        return  # no value can be longer than the column's buffers
+    if element_bytes:
+        sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64) * element_bytes
+    else:
+        sizes = pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    over = np.flatnonzero(sizes > limit)
+    if not len(over):
+        return
+    rows = over if valid is None else np.flatnonzero(valid)[over]
+    raise BadRows(rows.astype(np.int64), name,
+                  [f"a value of {int(sizes[i])} bytes; a page of this store holds at most {limit} "
+                   "(a new store with a larger --page-size holds more)" for i in over])
 
 
 def _bad_list_rows(arr: pa.Array, valid: Optional[np.ndarray], name: str) -> None:

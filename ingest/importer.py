@@ -31,13 +31,23 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from recflash.reader.errors import DiskFullError, IOError_, ValueTooLargeError
 from recflash.ingest.convert import compatible
 from recflash.ingest.errors import BadInputError, BadLine
-from recflash.ingest.journal import Journal, all_jobs, job_id
+from recflash.ingest.journal import Journal, all_jobs, job_id, process_identity
 from recflash.ingest.sources import Chunk, Source
 
 QUEUE_CHUNKS = 2
 SAMPLE_BAD_LINES = 10
+# The engine's PageBuilder::MaxValueBytes (reader/csrc/format.cc): one variable-length value
+# must fit in a page beside the page header (40 bytes), a segment descriptor (32), the segment
+# body header (8) and two offsets (8). Values above it are bad rows of the input, found while
+# converting (with their file and line); the engine's own check stays the authority.
+PAGE_VALUE_OVERHEAD = 40 + 32 + 8 + 8
+
+
+def max_value_bytes(page_size: int) -> int:
+    return int(page_size) - PAGE_VALUE_OVERHEAD
 
 
 @dataclasses.dataclass
@@ -71,6 +81,7 @@ class ImportResult:
     write_seconds: float = 0.0  # time in put/sync (the store), for the profile
     close_seconds: float = 0.0
     warnings: list[str] = dataclasses.field(default_factory=list)
+    rerun_options: str = ""  # options that import the same input again over the job's keys
 
     @property
     def rows_per_s(self) -> float:
@@ -167,23 +178,38 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
     if opts.key_offset is not None and opts.key_offset < 0:
         raise BadInputError("--key-offset must be >= 0")
 
-    store = _open_store(store_path, opts)
+    try:
+        store = _open_store(store_path, opts)
+    except IOError_ as e:  # e.g. the directory cannot be created (a path under a regular file)
+        if isinstance(e, DiskFullError):
+            raise
+        raise BadInputError(f"store {store_path}: {e}") from None
     closed = False
+    journal = None
+    last_state: Optional[dict] = None  # this run's last journal entry while the job is its own
     result = ImportResult(store=store_path, job=job, status="done", resumed=False, features=dict(schema),
                           warnings=list(getattr(source, "warnings", [])))
     try:
         journal = Journal(store_path, job)
         state = journal.load()
         if state is not None and opts.restart:
-            journal.remove()
+            # Forgotten; the journal file stays until this run saves its own state (same job
+            # id, same file), so a restart refused below leaves the earlier record as it was.
             state = None
         if state is not None and state.get("status") == "done":
+            changed = _changed_files(state, source, upto=None, what="the completed import")
+            if changed:
+                raise BadInputError(
+                    f"{changed}; nothing was imported. To import it "
+                    f"again over the same keys (replacing their values), run the same command with "
+                    f"{rerun_options(opts, source, int(state.get('key_start', 0)))}")
             store.close()
             closed = True
             result.status = "already-done"
             result.rows_total = int(state.get("rows", 0))
             result.key_start = int(state.get("key_start", 0))
             result.key_end = int(state.get("next_key", 0))
+            result.rerun_options = rerun_options(opts, source, result.key_start)
             result.seconds = time.perf_counter() - t_start
             return result
         existing = store.features()
@@ -192,8 +218,15 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
             raise BadInputError("the store already has feature(s) of other types: " + ", ".join(
                 f"{n} is {a}, the input gives {b}" for n, (a, b) in mismatched.items()) + ". Nothing was imported.")
         if state is not None:
-            _check_same_files(state, source)
+            changed = _changed_files(state, source, upto=(state.get("position") or {}).get("file", 0),
+                                     what="the interrupted import")
+            if changed:
+                raise BadInputError(f"{changed}; run the same command "
+                                    f"with {rerun_options(opts, source, int(state['key_start']))} to import "
+                                    "it from the beginning")
             result.resumed = True
+            state = dict(state, ended=None, error=None, **process_identity())  # this run's now
+            journal.save(state)
             key_start = int(state["key_start"])
             next_key = int(state["next_key"])
             rows_total = int(state.get("rows", 0))
@@ -201,7 +234,7 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
             sample = list(state.get("bad_line_sample", []))
             position = state.get("position")
         else:
-            key_start = _key_start(store, store_path, schema, opts, source)
+            key_start = _key_start(store, store_path, schema, opts, source, job)
             next_key = key_start
             rows_total = 0
             skipped_total = 0
@@ -209,8 +242,13 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
             position = None
             for name, t in schema.items():
                 store.create_feature(name, t)
-            journal.save(_state(identity, source, "running", None, key_start, next_key, 0, 0, []))
+            state = _state(identity, source, "running", None, key_start, next_key, 0, 0, [])
+            journal.save(state)
+        # From here on the job is this run's: a run that stops without completing records how.
+        last_state = state
         result.key_start = key_start
+        result.rerun_options = rerun_options(opts, source, key_start)
+        source.max_value_bytes = max_value_bytes(store.page_size)
         for name, t in schema.items():  # no-op when they exist with the same type
             store.create_feature(name, t)
 
@@ -223,12 +261,13 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
 
         def checkpoint() -> float:
             """Makes every chunk written so far durable, then records it; returns the seconds."""
-            nonlocal pending, pending_bytes
+            nonlocal pending, pending_bytes, last_state
             if pending is None:
                 return 0.0
             t = time.perf_counter()
             store.sync()
             journal.save(pending)
+            last_state = pending
             pending, pending_bytes = None, 0
             return time.perf_counter() - t
 
@@ -242,7 +281,13 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                     break
                 chunk, puts = item
                 t0 = time.perf_counter()
-                written, chunk_bytes = _write_chunk(store, puts)
+                try:
+                    written, chunk_bytes = _write_chunk(store, puts)
+                except ValueTooLargeError as e:  # values the conversion's check let through
+                    checkpoint()
+                    raise BadInputError(f"{chunk.where or 'the input'}: {e} (--on-bad-lines does not apply to "
+                                        "this check; a new store with a larger --page-size holds larger "
+                                        "values)") from None
                 write_s += time.perf_counter() - t0
                 if chunk.keys is None:
                     next_key += chunk.n_rows
@@ -276,6 +321,8 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
             reader.stop.set()
             result.status = "interrupted"
             checkpoint()  # the chunks written completely are kept (a partial one is redone on resume)
+            _record_end(journal, last_state, "interrupted")
+            last_state = None
         finally:
             reader.stop.set()
             # Joined before returning (it stops within one chunk): a daemon thread still inside
@@ -290,6 +337,7 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         if result.status == "done":
             journal.save(_state(identity, source, "done", None, key_start, next_key, rows_total, skipped_total,
                                 sample))
+            last_state = None
         t0 = time.perf_counter()
         store.close()  # writes the buffer into pages; every chunk was durable already
         closed = True
@@ -298,6 +346,14 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         if result.status == "interrupted":
             raise Interrupted(result)
         return result
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        _record_end(journal, last_state, "interrupted")
+        raise
+    except BaseException as e:
+        _record_end(journal, last_state, "failed", e)
+        raise
     finally:
         if not closed:
             try:
@@ -334,22 +390,61 @@ def _state(identity: dict, source: Source, status: str, position: Optional[dict]
            rows: int, skipped: int, sample: list[dict]) -> dict:
     return {"status": status, "identity": identity, "files": source.files(), "position": position,
             "key_start": key_start, "next_key": next_key, "rows": rows, "bad_lines_skipped": skipped,
-            "bad_line_sample": sample}
+            "bad_line_sample": sample, "ended": None, "error": None, **process_identity()}
 
 
-def _check_same_files(state: dict, source: Source) -> None:
+def _record_end(journal: Optional[Journal], state: Optional[dict], how: str,
+                error: Optional[BaseException] = None) -> None:
+    """Records in the journal that this run stopped without completing the job (``how``:
+    ``failed`` or ``interrupted``). The durable position is the one already recorded."""
+    if journal is None or state is None:
+        return
+    text = None
+    if error is not None:
+        text = str(error) if isinstance(error, BadInputError) else f"{type(error).__name__.rstrip('_')}: {error}"
+        text = " ".join(text.split())
+        if len(text) > 500:
+            text = text[:497] + "..."
+    try:
+        journal.save(dict(state, ended=how, error=text, **process_identity()))
+    except Exception:  # pragma: no cover - the error being reported matters more
+        pass
+
+
+def _changed_files(state: dict, source: Source, upto: Optional[int], what: str) -> str:
+    """"<file> changed since <what> read it (...)" for the first input file (up to index
+    ``upto``; all when None) whose size or mtime differs from the journal's record, or ""."""
     recorded = state.get("files") or []
-    upto = (state.get("position") or {}).get("file", 0)
     for i, (old, new) in enumerate(zip(recorded, source.files())):
-        if i > upto:
+        if upto is not None and i > upto:
             break
         if old["size"] != new["size"] or old["mtime_ns"] != new["mtime_ns"]:
-            raise BadInputError(f"{new['path']} changed since the interrupted import read it (size "
-                                f"{old['size']} -> {new['size']}, mtime changed: {old['mtime_ns'] != new['mtime_ns']}); "
-                                "run again with --restart to import from the beginning")
+            return (f"{new['path']} changed since {what} read it (size {old['size']} -> {new['size']}, "
+                    f"mtime changed: {old['mtime_ns'] != new['mtime_ns']})")
+    return ""
 
 
-def _key_start(store, store_path: str, schema: dict[str, str], opts: ImportOptions, source: Source) -> int:
+def rerun_options(opts: ImportOptions, source: Source, key_start: int) -> str:
+    """The options that, added to a job's command, import its input again over the keys the
+    job wrote. ``--restart`` alone forgets the job's progress, but a new run refuses features
+    that already hold items unless ``--upsert``; ``--upsert`` is part of the job's identity, so
+    ``--restart`` only matters when that upsert job ran before. An ``--append`` job's rerun
+    appends after every import (its own rows included): its keys are given by ``--key-offset``."""
+    if source.key is not None:
+        return "--restart" if opts.upsert else "--upsert --restart"
+    same_offset = (opts.key_offset if opts.key_offset is not None else 0) == key_start
+    if opts.upsert and not opts.append and same_offset:
+        return "--restart"
+    out = "--upsert --restart"
+    if opts.append or not same_offset:
+        out += f" --key-offset {key_start}"
+    if opts.append:
+        out += " instead of --append"
+    return out
+
+
+def _key_start(store, store_path: str, schema: dict[str, str], opts: ImportOptions, source: Source,
+               job: str = "") -> int:
     if source.key is not None:
         has = _features_with_items(store, schema)
         if has and not opts.upsert:
@@ -358,7 +453,8 @@ def _key_start(store, store_path: str, schema: dict[str, str], opts: ImportOptio
         return 0
     if opts.key_offset is not None:
         return int(opts.key_offset)
-    jobs_end = max([int(j.get("next_key", 0)) for j in all_jobs(store_path)] or [0])
+    # a restarted job's own earlier record does not count (its file stays until this run saves)
+    jobs_end = max([int(j.get("next_key", 0)) for j in all_jobs(store_path) if j.get("job") != job] or [0])
     if opts.append:
         has = _features_with_items(store, schema)
         if has and jobs_end == 0:

@@ -9,7 +9,14 @@ beyond the journal's position (a crash between the two) are written again on res
 same keys and values — puts are upserts by key, so nothing is duplicated.
 
 The journal also records each input file's identity (path, size, mtime): a resumed import
-refuses files that changed since, unless ``--restart``.
+refuses files that changed since, unless ``--restart``; so does the rerun of a completed import.
+
+``status`` is ``"running"`` until the job completes (``"done"``); a job that is not done is
+resumed by the same command. Each run also records its process (``pid``, ``host``,
+``pid_start``) and, when it stops without completing, how: ``ended`` is ``"failed"`` (with
+``error``) or ``"interrupted"`` (Ctrl-C). A process killed outright (kill -9, a crash, power
+loss) cannot record that: :func:`job_status` then tells from the recorded process whether the
+job still runs.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 from typing import Any, Optional
 
@@ -32,6 +40,64 @@ def job_id(identity: dict) -> str:
 def file_identity(path: str) -> dict:
     st = os.stat(path)
     return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _host() -> str:
+    try:
+        return socket.gethostname()
+    except OSError:  # pragma: no cover
+        return ""
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """The start time of process ``pid`` (clock ticks since boot, Linux), or None if unknown;
+    with the pid it tells a process apart from a later one that got the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_identity() -> dict:
+    """The fields a run records about its own process."""
+    pid = os.getpid()
+    return {"pid": pid, "host": _host(), "pid_start": _start_ticks(pid)}
+
+
+def _process_state(state: dict) -> str:
+    """"alive", "gone" or "unknown" for the process a journal entry names."""
+    pid, host = state.get("pid"), state.get("host")
+    if not isinstance(pid, int) or not host or host != _host():
+        return "unknown"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:  # a process of another user has that pid
+        pass
+    except OSError:
+        return "unknown"
+    recorded, now = state.get("pid_start"), _start_ticks(pid)
+    if recorded is not None and now is not None and recorded != now:
+        return "gone"  # the pid belongs to a later process
+    return "alive"
+
+
+def job_status(state: dict) -> str:
+    """What a journal entry means now: ``done``; ``failed`` or ``interrupted`` (the run
+    recorded how it stopped); ``running`` (its process still runs); ``killed`` (its process on
+    this host is gone without recording an end: kill -9, a crash, power loss); or ``running or
+    interrupted`` (recorded on another host, or by a recflash that did not record processes).
+    Every status but ``done`` is resumed by running the same command again."""
+    status = state.get("status")
+    if status != "running":
+        return str(status)
+    ended = state.get("ended")
+    if ended in ("failed", "interrupted"):
+        return ended
+    return {"alive": "running", "gone": "killed"}.get(_process_state(state), "running or interrupted")
 
 
 def _fsync_dir(path: str) -> None:

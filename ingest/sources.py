@@ -10,6 +10,7 @@ grow with the input.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
@@ -44,10 +45,14 @@ class Chunk:
     disk_done: int  # on-disk input bytes consumed so far over all files (progress, ETA)
     rows_read: int  # input rows consumed by this chunk, bad ones included
     skipped: list[BadLine] = dataclasses.field(default_factory=list)
+    where: str = ""  # the chunk's place in the input, for messages: "file: lines a..b"
 
 
 class Source:
     command = ""
+    # Set by the importer once the store is open: a value longer than this (bytes) does not fit
+    # in a page, and the conversion reports its row as a bad line (None: not checked).
+    max_value_bytes: Optional[int] = None
 
     def __init__(self, paths: list[str], features: Optional[list[str]] = None, key: Optional[str] = None,
                  on_bad_lines: str = "error"):
@@ -119,13 +124,15 @@ class Source:
 
 def _convert(table: pa.Table, schema: dict[str, str], hex_columns: set[str], key: Optional[str],
              on_bad_lines: str, locate: Callable[[int, str, str], BadLine],
-             drop: Callable[[np.ndarray], pa.Table]) -> tuple[pa.Table, dict[str, Column], Optional[np.ndarray], list[BadLine]]:
+             drop: Callable[[np.ndarray], pa.Table],
+             max_value_bytes: Optional[int] = None) -> tuple[pa.Table, dict[str, Column], Optional[np.ndarray], list[BadLine]]:
     """Converts a table's columns; bad rows raise (error mode) or are dropped and reported."""
     skipped: list[BadLine] = []
     while True:
         try:
             keys = key_column(table.column(key), key) if key is not None else None
-            cols = {name: to_column(table.column(name), stype, name, hex_ids=name in hex_columns)
+            cols = {name: to_column(table.column(name), stype, name, hex_ids=name in hex_columns,
+                                    max_value_bytes=max_value_bytes)
                     for name, stype in schema.items()}
             return table, cols, keys, skipped
         except BadRows as br:
@@ -178,24 +185,25 @@ class _TextSource(Source):
             tf = TextFile(path, self.block_bytes)
             for block in tf.blocks(offset, line):
                 fast = self._fast_columns(block)
+                where = f"{path}: lines {block.first_line}..{block.first_line + max(0, block.n_lines - 1)}"
                 if fast is not None:
                     n_rows, cols = fast
                     yield Chunk(n_rows=n_rows, columns=cols, keys=None,
                                 position={"file": i, "offset": block.end_offset,
                                           "line": block.first_line + block.n_lines},
                                 file_index=i, input_bytes=len(block.data), disk_done=starts[i] + block.raw_position,
-                                rows_read=block.n_lines)
+                                rows_read=block.n_lines, where=where)
                     continue
                 parsed = parser.parse(block)
                 table, cols, keys, skipped = _convert(
                     parsed.table, self.schema, self._hex_columns(), self.key, self.on_bad_lines,
                     lambda r, c, why, p=parsed: BadLine(path, p.line_of(r), c, why),
-                    lambda rows, p=parsed: (p.drop_rows(rows), p.table)[1])
+                    lambda rows, p=parsed: (p.drop_rows(rows), p.table)[1], self.max_value_bytes)
                 rows_read = block.n_lines  # lines, empty ones included
                 yield Chunk(n_rows=table.num_rows, columns=cols, keys=keys,
                             position={"file": i, "offset": block.end_offset, "line": block.first_line + block.n_lines},
                             file_index=i, input_bytes=len(block.data), disk_done=starts[i] + block.raw_position,
-                            rows_read=rows_read, skipped=parsed.skipped + skipped)
+                            rows_read=rows_read, skipped=parsed.skipped + skipped, where=where)
             # a file with nothing after the resume point still moves the position on
             yield Chunk(0, {}, None, {"file": i + 1, "offset": 0, "line": 1}, i, 0,
                         starts[i] + os.path.getsize(path), 0)
@@ -334,7 +342,7 @@ class CsvSource(_TextSource):
         selected = self._select(available, self.paths[0])
         if self.key is not None and not pa.types.is_integer(parse_types[self.key]):
             raise BadInputError(f"{self.paths[0]}: key column {self.key!r} holds {parse_types[self.key]} values; "
-                                "keys must be integers (use --types {self.key}=int64 if it is)")
+                                f"keys must be integers (use --types {self.key}=int64 if it is)")
         self.parse_types = parse_types
         self.schema = {n: available[n] for n in selected}
         return self.schema
@@ -454,13 +462,13 @@ class _ColumnarSource(Source):
                     table, cols, keys, skipped = _convert(
                         table, self.schema, set(), self.key, self.on_bad_lines,
                         lambda r, c, why, st=state, r0=row0: BadLine(path, None, c, why, row=r0 + int(st["rows"][r])),
-                        drop)
+                        drop, self.max_value_bytes)
                     done += batch.num_rows
                     frac = (done / file_rows) if file_rows else 0.0
                     yield Chunk(n_rows=table.num_rows, columns=cols, keys=keys,
                                 position={"file": i, "rows": done}, file_index=i, input_bytes=0,
                                 disk_done=starts[i] + int(size * min(1.0, frac)), rows_read=batch.num_rows,
-                                skipped=skipped)
+                                skipped=skipped, where=f"{path}: rows {row0}..{done - 1}")
             except (pa.ArrowException, OSError, ValueError) as e:
                 raise BadInputError(f"{path}: cannot read (after row {done}): {e}") from None
             yield Chunk(0, {}, None, {"file": i + 1, "rows": 0}, i, 0, starts[i] + size, 0)
@@ -582,10 +590,15 @@ class SyntheticSource(Source):
         super().__init__([], features, None, "error")
         if preset not in synthetic.PRESETS:
             raise BadInputError(f"unknown preset {preset!r}; choose one of {', '.join(synthetic.PRESETS)}")
-        if rows < 0:
-            raise BadInputError("--rows must be >= 0")
-        if not alpha > 0:
-            raise BadInputError("--alpha must be > 0")
+        if not 0 <= rows < 1 << 63:
+            raise BadInputError("--rows must be >= 0" if rows < 0 else "--rows must be < 2**63 (keys are 64-bit)")
+        if seed < 0:
+            raise BadInputError("--seed must be >= 0")
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise BadInputError("--alpha must be > 0" if math.isfinite(alpha) else "--alpha must be a finite number")
+        if not 0 < vocab <= synthetic.MAX_VOCAB:
+            raise BadInputError("--vocab must be > 0" if vocab <= 0 else
+                                f"--vocab must be <= 2**62 (ids are int64), got {vocab}")
         self.preset, self.rows, self.seed, self.alpha, self.vocab = preset, int(rows), int(seed), float(alpha), int(vocab)
         self.chunk_rows = int(chunk_rows)
 
@@ -614,4 +627,4 @@ class SyntheticSource(Source):
             cols = {n: to_column(table.column(n), t, n) for n, t in self.schema.items()}
             yield Chunk(n_rows=table.num_rows, columns=cols, keys=None,
                         position={"rows": first + table.num_rows}, file_index=0, input_bytes=0, disk_done=0,
-                        rows_read=table.num_rows)
+                        rows_read=table.num_rows, where=f"synthetic rows {first}..{first + table.num_rows - 1}")

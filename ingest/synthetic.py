@@ -28,6 +28,7 @@ from recflash.ingest import criteo
 
 PRESETS = ("criteo-kaggle", "zipf")
 DEFAULT_CHUNK_ROWS = 65536
+MAX_VOCAB = 1 << 62  # ranks are drawn as floats and stored as int64
 
 
 def zipf_ranks(rng: np.random.Generator, n: int, cardinality: int, alpha: float) -> np.ndarray:
@@ -100,7 +101,7 @@ def zipf_chunk(rng: np.random.Generator, n: int, alpha: float = 1.05, vocab: int
     for i in range(1, 5):
         cols[f"d{i}"] = pa.array(rng.lognormal(0.0, 1.0 + i / 4, n).astype(np.float32))
     for i in range(1, 9):
-        card = max(2, vocab >> (i - 1))
+        card = min(vocab, max(2, vocab >> (i - 1)))  # halved, but at most vocab ids
         cols[f"s{i}"] = pa.array(zipf_ranks(rng, n, card, alpha))
     for i in range(1, 3):
         lengths = np.minimum(rng.geometric(0.15, n), 20).astype(np.int32)

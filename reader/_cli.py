@@ -8,6 +8,7 @@ one red line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,12 @@ def _reader_errors() -> type[BaseException]:
     return RecflashError
 
 
+def error_text(e: BaseException) -> str:
+    """``ClassName: message`` for an error, without the trailing underscore of the engine's
+    ``IOError_`` (named so as not to shadow the builtin)."""
+    return f"{type(e).__name__.rstrip('_')}: {e}"
+
+
 @contextmanager
 def store_errors() -> Iterator[None]:
     """Turn a RecflashError raised inside the block into a one-line message and exit code 2."""
@@ -53,7 +60,42 @@ def store_errors() -> Iterator[None]:
     try:
         yield
     except recflash_error as e:
-        fail(f"{type(e).__name__.rstrip('_')}: {e}")
+        fail(error_text(e))
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Exit 2 with a message naming ``option`` unless a file can be written at ``path``: it is
+    not a directory and its directory exists and is writable. Called before a command does any
+    work, so a wrong output path does not cost (or, for an import, follow) the work."""
+    if os.path.isdir(path):
+        fail(f"{option} {path}: is a directory, not a file", EXIT_BAD_INPUT)
+    parent = path.parent
+    if not os.path.exists(parent):
+        fail(f"{option} {path}: the directory {parent} does not exist", EXIT_BAD_INPUT)
+    if not os.path.isdir(parent):
+        fail(f"{option} {path}: {parent} is not a directory", EXIT_BAD_INPUT)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"{option} {path}: the directory {parent} is not writable", EXIT_BAD_INPUT)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        fail(f"{option} {path}: the file is not writable", EXIT_BAD_INPUT)
+
+
+def check_store_dir(path: Path, option: str = "--store") -> None:
+    """Exit 2 unless ``path`` is a directory or can be created as one: the nearest existing
+    ancestor must be a writable directory (a path under a regular file cannot be a store)."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            fail(f"{option} {path}: exists and is not a directory", EXIT_BAD_INPUT)
+        return
+    ancestor = path.absolute().parent
+    while not os.path.exists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not os.path.isdir(ancestor):
+        fail(f"{option} {path}: cannot create the store directory: {ancestor} is not a directory",
+             EXIT_BAD_INPUT)
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        fail(f"{option} {path}: cannot create the store directory: {ancestor} is not writable",
+             EXIT_BAD_INPUT)
 
 
 def open_store(path: Path, *, read_only: bool = True, create: bool = False) -> Any:

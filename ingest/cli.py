@@ -443,6 +443,8 @@ def stats_command(
                                                  "per feature.", show_default=False)] = None,
     scan: Annotated[bool, typer.Option("--scan", help="Scan every feature once to measure its read "
                                        "amplification (reads the whole store).")] = False,
+    exact: Annotated[bool, typer.Option("--exact", help="Count items exactly when no CHECKPOINT of the "
+                                        "current state holds the counts (reads every live page).")] = False,
 ) -> None:
     """Per-feature items, pages and fragmentation degree, and the store's amplifications.
     The store is a positional argument as in ``recflash info STORE``; ``--store`` is an alias."""
@@ -458,6 +460,7 @@ def stats_command(
     with store_errors():
         with open_store(store, read_only=True) as s:
             types = dict(s.features())
+            s.build_key_index(read_pages=exact)  # counts from CHECKPOINT, or (--exact) the pages
             if scan:
                 for name in types:
                     s.scan(name)
@@ -478,8 +481,9 @@ def stats_command(
         print(json.dumps(jsonable(out), indent=2, sort_keys=True))
         return
     page = f", {int(stats['page_size']) // 1024} KiB pages" if stats.get("page_size") else ""
+    le = "" if stats.get("items_exact", True) else "≤ "
     console.print(f"[bold]{store}[/bold]: {len(types)} feature(s){page}, "
-                  f"{int(stats.get('live_items') or 0):,} items, {human_bytes(stats.get('file_bytes'))} on disk",
+                  f"{le}{int(stats.get('live_items') or 0):,} items, {human_bytes(stats.get('file_bytes'))} on disk",
                   highlight=False)
     console.print()
     console.print(_features_table(types, stats))

@@ -180,19 +180,29 @@ def _table(title: str, **kw: Any) -> Table:
                  show_edge=False, pad_edge=False, **kw)
 
 
+UPPER_BOUNDS_NOTE = ("≤ / ≥: bounds. This read-only open counts records that later updates replaced but "
+                     "no merge has dropped yet (no CHECKPOINT of this state to count from), so items "
+                     "and bytes are upper bounds and frag. a lower bound; --exact reads the pages to "
+                     "count exactly.")
+
+
+def counts_exact(stats: dict[str, Any]) -> bool:
+    """Whether stats()'s item counts are exact (older engines: assume so)."""
+    return bool(stats.get("items_exact", True))
+
+
 def _features_table(types: dict[str, str], stats: dict[str, Any]) -> Table:
     per_feature = stats.get("features") or {}
     fragmentation = stats.get("fragmentation") or {}
-    table = _table(
-        "features",
-        caption="frag. = fragmentation degree: pages holding the feature ÷ its ideal packed pages",
-    )
+    exact = counts_exact(stats)
+    caption = "frag. = fragmentation degree: pages holding the feature ÷ its ideal packed pages"
+    table = _table("features", caption=caption if exact else caption + "\n" + UPPER_BOUNDS_NOTE)
     table.add_column("feature", no_wrap=True)
     table.add_column("type", no_wrap=True)
-    table.add_column("items", justify="right", no_wrap=True)
+    table.add_column("items" if exact else "items ≤", justify="right", no_wrap=True)
     table.add_column("pages", justify="right", no_wrap=True)
     table.add_column("valid\nbytes", justify="right", no_wrap=True)
-    table.add_column("frag.", justify="right", no_wrap=True)
+    table.add_column("frag." if exact else "frag. ≥", justify="right", no_wrap=True)
     for name in [*types, *sorted(n for n in per_feature if n not in types)]:  # creation order
         f = per_feature.get(name) or {}
         frag = f.get("fragmentation", fragmentation.get(name))
@@ -211,9 +221,12 @@ def _stats_table(stats: dict[str, Any]) -> Table:
     table = _table("store", show_header=False)
     table.add_column("figure", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
+    bounded = {"live_items", "live_item_bytes"} if not counts_exact(stats) else set()
     for key, label, fmt in _INFO_FIGURES:
         value = stats.get(key)
         text = "—" if value is None else fmt(value)
+        if key in bounded and value is not None:
+            text = "≤ " + text
         if key == "write_amplification" and not stats.get("user_bytes_written"):
             text = "— (nothing written since open)"
         table.add_row(label, text)

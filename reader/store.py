@@ -538,6 +538,16 @@ class Store:
         the pages read."""
         return int(self._s.verify_rows(feature))
 
+    def build_key_index(self, read_pages: bool = True) -> bool:
+        """Makes this handle's item counts exact (``stats()["items_exact"]``); returns whether
+        they are. A read-only handle's open reads no page, so until then it counts every record
+        of its pages as valid (upper bounds after updates not merged away). This takes the key
+        index from ``CHECKPOINT`` when it matches the snapshot (a writer's clean close), else,
+        with ``read_pages``, by reading every live page. A writer's counts are always exact."""
+        self._s.check_open()
+        self._s.build_key_index(bool(read_pages))
+        return bool(self.stats().get("items_exact"))
+
     @property
     def native_handle(self):
         """The engine's store object (``recflash._native.Store``), for engines bound into the

@@ -324,3 +324,43 @@ def test_readme_api_tour_runs_as_written(tmp_path, monkeypatch):
 def test_criteo_help_names_the_compressions():
     r = invoke("import", "criteo", "--help")
     assert r.exit_code == 0 and ".zst" in r.flat and ".gz" in r.flat
+
+
+def test_info_and_stats_counts_are_exact_or_marked_as_bounds(tmp_path):
+    """After updates no merge has dropped, a read-only open counts replaced records too. With
+    the CHECKPOINT of a clean close the counts are exact; without it they are printed as bounds
+    (≤), and --exact counts by reading the pages."""
+    import numpy as np
+
+    from recflash.reader import StoreOptions
+
+    path = str(tmp_path / "s")
+    s = Store.open(path, StoreOptions(write_buffer_bytes=1 << 20, merger_enabled=False))
+    s.create_feature("f", "float32")
+    k = np.arange(100_000, dtype=np.uint64)
+    s.put("f", k, np.zeros(len(k), np.float32))
+    s.flush()
+    for r in range(3):
+        s.put("f", k[r::7], np.ones(len(k[r::7]), np.float32))
+        s.flush()
+    s.close()
+
+    def live(args):
+        r = invoke(*args)
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    out = live(["info", path])
+    assert re.search(r"live items\s+100,000", out) and "≤" not in out, out
+    Path(path, "CHECKPOINT").unlink()  # as after a crash: no counts to load
+    out = live(["info", path])
+    assert re.search(r"live items\s+≤ 142,858", out) and "--exact" in out, out
+    out = live(["stats", path])
+    assert "≤ 142,858 items" in out, out
+    for cmd in (["info", path, "--exact"], ["stats", path, "--exact"]):
+        out = live(cmd)
+        assert "100,000" in out and "≤" not in out, out
+    with Store.open(path, read_only=True) as r:
+        assert r.stats()["items_exact"] is False
+        assert r.build_key_index(read_pages=False) is False  # no checkpoint to take it from
+        assert r.build_key_index() is True and r.stats()["live_items"] == 100_000

@@ -284,6 +284,15 @@ class PyStore {
     return pages;
   }
 
+  void BuildKeyIndex(bool read_pages) {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->BuildKeyIndex(read_pages);
+    }
+    Check(st);
+  }
+
   Store* store() { return s_.get(); }
 
   // (min_key, max_key, items) per page of the feature, ascending by min_key.
@@ -355,6 +364,7 @@ void InitReader(py::module_& m) {
       .def_property_readonly("read_only", &PyStore::read_only)
       .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
       .def("verify_rows", &PyStore::VerifyRows, py::arg("feature"))
+      .def("build_key_index", &PyStore::BuildKeyIndex, py::arg("read_pages") = true)
       .def("stats_json", &PyStore::StatsJson)
       .def_property_readonly("page_size", &PyStore::page_size)
       .def_property_readonly("path", &PyStore::path);

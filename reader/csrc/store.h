@@ -195,6 +195,11 @@ class Store {
   // checksums, so later block-granular reads of the table are verified without a first-touch
   // page read. Returns the pages read.
   virtual Status VerifyRows(const std::string& feature, uint64_t* pages_read) = 0;
+  // A read-only handle counts every record of its pages as valid until it has the key
+  // index (stats: items_exact false); this takes it now — from CHECKPOINT when it matches the
+  // snapshot, else (with read_pages) by reading every live page — so counts are exact. A
+  // writer's already are.
+  virtual Status BuildKeyIndex(bool read_pages) = 0;
   virtual uint32_t block_size() const = 0;
 
   virtual std::string StatsJson() = 0;

@@ -92,6 +92,9 @@ class StoreImpl final : public Store {
   Status GatherRowsMany(const std::vector<GatherRequest>& requests, bool vector_grained,
                         const GatherDoneFn& done) override;
   Status VerifyRows(const std::string& feature, uint64_t* pages_read) override;
+  Status BuildKeyIndex(bool read_pages) override {
+    return read_pages ? EnsureKeyIndex() : TryKeyIndexFromCheckpoint();
+  }
   uint32_t block_size() const override { return block_size_; }
   std::string StatsJson() override;
   Status CheckOpenStatus() override { return CheckOpen(); }

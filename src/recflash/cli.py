@@ -51,11 +51,16 @@ def version() -> None:
 def info(
     store: Annotated[Path, typer.Argument(help="Path of the store directory.", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the stats() dict as JSON.")] = False,
+    exact: Annotated[bool, typer.Option("--exact", help="Count items exactly when no CHECKPOINT of the "
+                                        "current state holds the counts (reads every live page).")] = False,
 ) -> None:
-    """Show a store's features and its key figures (pages, amplification, metadata size)."""
+    """Show a store's features and its key figures (pages, amplification, metadata size).
+    Item counts come from the CHECKPOINT a clean close writes; without one of the current
+    state they are upper bounds (marked ≤) unless --exact."""
     with store_errors():
         with open_store(store, read_only=True) as s:
             types = dict(s.features())
+            s.build_key_index(read_pages=exact)
             stats = dict(s.stats())
     if as_json:
         print(json.dumps(jsonable(stats), indent=2, sort_keys=True))

@@ -312,7 +312,19 @@ def _to_arrow(values, default_type: pa.DataType, f: _Feature, infer: bool = Fals
 
 
 def _keys(keys, what: str) -> np.ndarray:
-    arr = np.asarray(keys.to_numpy(zero_copy_only=False) if isinstance(keys, (pa.Array, pa.ChunkedArray)) else keys)
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        if keys.null_count:
+            raise InvalidArgumentError(f"{what}: keys hold {keys.null_count} null(s)")
+        keys = keys.to_numpy(zero_copy_only=False)
+    elif isinstance(keys, (list, tuple)) and keys and all(type(k) is int for k in keys):
+        # Python ints above 2**63 - 1 make numpy infer float64 (rounding them): take them as
+        # uint64, or name the one that is not a key.
+        try:
+            keys = np.array(keys, dtype=np.uint64)
+        except OverflowError:
+            bad = next(k for k in keys if not 0 <= k < 2**64)
+            raise InvalidArgumentError(f"{what}: keys must be in [0, 2**64), got {bad}") from None
+    arr = np.asarray(keys)
     if arr.ndim != 1:
         raise InvalidArgumentError(f"{what}: keys must be a 1-D array, got shape {arr.shape}")
     if arr.size == 0:

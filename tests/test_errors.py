@@ -504,3 +504,17 @@ def test_page_file_shorter_than_the_metadata_fails_the_open(tmp_path, how):
         with pytest.raises(CorruptionError, match="the page file was truncated") as e:
             Store.open(path, read_only=ro)
         assert pages in str(e.value)
+
+
+def test_python_int_keys_above_int64_and_null_keys(store):
+    """Python ints up to 2**64 - 1 are keys (numpy alone would infer float64 and round them);
+    out-of-range ints and null Arrow keys are named."""
+    store.put("count", [2**64 - 1, 2**63 + 5], [7, 8])
+    assert store.get("count", [2**63 + 5, 2**64 - 1]).to_pylist() == [8, 7]
+    with pytest.raises(InvalidArgumentError, match=r"keys must be in \[0, 2\*\*64\), got 18446744073709551616"):
+        store.get("count", [2**64, 1])
+    with pytest.raises(InvalidArgumentError, match="got -1"):
+        store.put("count", [-1, 2], [1, 2])
+    with pytest.raises(InvalidArgumentError, match="null"):
+        store.get("count", pa.array([1, None], pa.uint64()))
+    assert_intact(store)

@@ -517,4 +517,5 @@ def test_python_int_keys_above_int64_and_null_keys(store):
         store.put("count", [-1, 2], [1, 2])
     with pytest.raises(InvalidArgumentError, match="null"):
         store.get("count", pa.array([1, None], pa.uint64()))
+    store.delete("count", [2**64 - 1, 2**63 + 5])
     assert_intact(store)

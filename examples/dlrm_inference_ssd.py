@@ -16,7 +16,9 @@
     .venv/bin/python examples/dlrm_inference_ssd.py            # 2 M-row tables, 200 batches
     .venv/bin/python examples/dlrm_inference_ssd.py --quick    # short run (make demo)
 
-TorchRec's and torch's log lines go to a log file (``--log``), not the terminal.
+TorchRec's and torch's log lines go to a log file (``--log``), not the terminal. The temporary
+directory (store, log) is removed after the run unless ``--keep``. Bad input (a missing
+checkpoint, a ``--store`` written at another ``--scale``) gives one ``error:`` line and exit 2.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ TABLES = [
 DENSE_IN = 8
 
 
-def route_logs(path: str) -> None:
+def route_logs(path: str) -> logging.Handler:
     """torch's, TorchRec's and Python's warnings to a file: the terminal shows the example's lines."""
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -64,6 +66,7 @@ def route_logs(path: str) -> None:
             lg.removeHandler(h)
         lg.addHandler(fh)
         lg.propagate = False
+    return fh
 
 
 def say(console, msg: str) -> None:
@@ -134,22 +137,107 @@ def train(model, data, console) -> None:
     say(console, f"trained {len(losses)} steps: loss {np.mean(losses[:k]):.3f} -> {np.mean(losses[-k:]):.3f}")
 
 
+class ExampleError(Exception):
+    """Bad input to the example (a missing checkpoint, a store of another scale): one line, exit 2."""
+
+
+def load_checkpoint(model, path: str, scale: float) -> None:
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - not a torch file, truncated, unpicklable: say which file
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ExampleError(f"--checkpoint '{path}' is not a readable torch checkpoint ({type(e).__name__}"
+                           f"{': ' + detail if detail else ''})") from None
+    if not isinstance(state, dict):
+        raise ExampleError(f"--checkpoint '{path}' holds a {type(state).__name__}, not a state dict")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), str(e))
+        raise ExampleError(f"--checkpoint '{path}' does not fit this example's DLRM at --scale {scale:g}: {first}") from None
+
+
+def check_args(args) -> str:
+    """What is wrong with the arguments (one line), or ''."""
+    finite = lambda v: v == v and abs(v) != float("inf")  # noqa: E731
+    if args.scale is not None and not (finite(args.scale) and args.scale > 0):
+        return f"--scale must be > 0, got {args.scale:g}"
+    if not (finite(args.budget_frac) and args.budget_frac >= 0):
+        return f"--budget-frac must be >= 0, got {args.budget_frac:g}"
+    if args.batch < 1 or (args.batches is not None and args.batches < 1):
+        return "--batch and --batches must be at least 1"
+    if args.checkpoint and not os.path.isfile(args.checkpoint):
+        return f"--checkpoint '{args.checkpoint}': no such file"
+    if args.store and os.path.exists(args.store) and not os.path.isdir(args.store):
+        return f"--store '{args.store}' exists and is not a directory"
+    if args.log and not os.path.isdir(os.path.dirname(os.path.abspath(args.log))):
+        return f"--log '{args.log}': directory '{os.path.dirname(os.path.abspath(args.log))}' does not exist"
+    return ""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small tables, few batches (make demo)")
     ap.add_argument("--scale", type=float, default=None, help="rows per table relative to the full example")
     ap.add_argument("--store", default=None, help="embedding store directory (default: a temporary one)")
     ap.add_argument("--checkpoint", default=None, help="a trained model's state dict (torch.save) instead of training")
-    ap.add_argument("--budget-frac", type=float, default=0.25, help="DRAM budget as a fraction of all table bytes")
+    ap.add_argument("--budget-frac", type=float, default=0.25,
+                    help="DRAM budget as a fraction of all table bytes (>= 1: every table in DRAM, no SSD table)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batches", type=int, default=None)
-    ap.add_argument("--log", default=None, help="where torch's and TorchRec's logs go")
+    ap.add_argument("--log", default=None, help="where torch's and TorchRec's logs go (default: the temporary directory)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the temporary directory (its store and log); removed after the run otherwise")
     args = ap.parse_args(argv)
-    scale = args.scale if args.scale is not None else (0.02 if args.quick else 1.0)
-    n_serve = args.batches or (30 if args.quick else 200)
+    problem = check_args(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     tmp = tempfile.mkdtemp(prefix="recflash-inference-")
     log_path = args.log or os.path.join(tmp, "torchrec.log")
-    route_logs(log_path)
+    fh = route_logs(log_path)
+    try:
+        return run(args, tmp, log_path)
+    except ExampleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - recflash errors name what was wrong: one line, no traceback
+        from recflash.reader.errors import RecflashError, SchemaError
+
+        if not isinstance(e, RecflashError):
+            raise
+        hint = ""
+        if isinstance(e, SchemaError) and args.store:
+            hint = (f" (the store '{args.store}' holds tables of another --scale or checkpoint: use the same "
+                    f"--scale, or a new --store)")
+        print(f"error: {type(e).__name__}: {e}{hint}", file=sys.stderr)
+        return 2
+    finally:
+        from recflash.torchrec_ext import close_backends
+
+        close_backends()
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        logging.getLogger().removeHandler(fh)
+        for name in ("torch", "torchrec"):
+            logging.getLogger(name).removeHandler(fh)
+        fh.close()
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, tmp: str, log_path: str) -> int:
+    scale = args.scale if args.scale is not None else (0.02 if args.quick else 1.0)
+    n_serve = args.batches or (30 if args.quick else 200)
 
     import torch
     import torch.distributed as dist
@@ -161,92 +249,88 @@ def main(argv=None) -> int:
 
     console = Console(width=max(118, shutil.get_terminal_size((118, 24)).columns))
     store = args.store or os.path.join(tmp, "emb_store")
-    try:
-        # 1. a trained model (in DRAM)
-        trained = build(scale, "cpu")
-        if args.checkpoint:
-            trained.load_state_dict(torch.load(args.checkpoint))
-            say(console, f"loaded {args.checkpoint}")
-        else:
-            say(console, "training a small DLRM on synthetic clicks (all tables in DRAM)")
-            train(trained, batches(scale, 256, 60 if args.quick else 300, seed=1), console)
-        trained.eval()
-        table_bytes = sum(4 * c.num_embeddings * c.embedding_dim for c in tables(scale))
-        budget = int(args.budget_frac * table_bytes)
+    # 1. a trained model (in DRAM)
+    trained = build(scale, "cpu")
+    if args.checkpoint:
+        load_checkpoint(trained, args.checkpoint, scale)
+        say(console, f"loaded {args.checkpoint}")
+    else:
+        say(console, "training a small DLRM on synthetic clicks (all tables in DRAM)")
+        train(trained, batches(scale, 256, 60 if args.quick else 300, seed=1), console)
+    trained.eval()
+    table_bytes = sum(4 * c.num_embeddings * c.embedding_dim for c in tables(scale))
+    budget = int(args.budget_frac * table_bytes)
 
-        # 2. the plan: DRAM vs SSD per table under the budget
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "pg"), 1), rank=0, world_size=1)
-        model = build(scale, "meta")  # embedding tables on the meta device: never allocated
-        say(console, f"planning: {table_bytes / 2**20:,.1f} MiB of tables, DRAM budget {budget / 2**20:,.1f} MiB")
-        plan = plan_offload(model, world_size=1, dram_budget_bytes=budget, qps=20_000,
-                            pooling_factors={n: pf for n, _, _, pf in TABLES})
-        ssd = plan.tiering.ssd_tables
+    # 2. the plan: DRAM vs SSD per table under the budget
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "pg"), 1), rank=0, world_size=1)
+    model = build(scale, "meta")  # embedding tables on the meta device: never allocated
+    say(console, f"planning: {table_bytes / 2**20:,.1f} MiB of tables, DRAM budget {budget / 2**20:,.1f} MiB")
+    plan = plan_offload(model, world_size=1, dram_budget_bytes=budget, qps=20_000,
+                        pooling_factors={n: pf for n, _, _, pf in TABLES})
+    ssd = plan.tiering.ssd_tables
 
-        # 3. the SSD tables' trained weights into the store
+    # 3. the SSD tables' trained weights into the store
+    if ssd:
         t0 = time.perf_counter()
         info = export_tables(trained, store, tables=ssd, progress=not args.quick)
         say(console, f"exported {', '.join(ssd)} to {store} "
                      f"({sum(v['rows'] for v in info.values()):,} rows) in {time.perf_counter() - t0:.1f} s")
+    else:
+        say(console, "every table fits the DRAM budget: no SSD table, nothing to export (all served from DRAM)")
 
-        # 4. shard, then load the DRAM tables and the dense part from the trained state dict
-        sharder = SsdEmbeddingBagCollectionSharder(store, row_cache_bytes=max(1 << 20, (budget - plan.tiering.dram_bytes)),
-                                                   pooled_cache_bytes=1 << 20)
-        dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
-        state = {k: v for k, v in trained.state_dict().items() if not any(f".{t}." in k for t in ssd)}
-        dmp.load_state_dict(state, strict=False)
-        ssd_params = [n for n, _ in dmp.named_parameters() if any(f".{t}." in n for t in ssd)]
-        say(console, f"sharded: SSD tables in DRAM parameters: {len(ssd_params)} (none is materialised)")
+    # 4. shard, then load the DRAM tables and the dense part from the trained state dict
+    sharder = SsdEmbeddingBagCollectionSharder(store, row_cache_bytes=max(1 << 20, (budget - plan.tiering.dram_bytes)),
+                                               pooled_cache_bytes=1 << 20)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    state = {k: v for k, v in trained.state_dict().items() if not any(f".{t}." in k for t in ssd)}
+    dmp.load_state_dict(state, strict=False)
+    ssd_params = [n for n, _ in dmp.named_parameters() if any(f".{t}." in n for t in ssd)]
+    say(console, f"sharded: SSD tables in DRAM parameters: {len(ssd_params)} (none is materialised)")
 
-        # 5. serve
-        data = batches(scale, args.batch, n_serve, seed=2)
-        lat, worst = [], 0.0
-        with torch.no_grad():
-            for dense, kjt, _ in data[:3]:  # warm-up
-                dmp(dense, kjt)
-            t_all = time.perf_counter()
-            for dense, kjt, _ in data:
-                t = time.perf_counter()
-                scores = dmp(dense, kjt)
-                lat.append(time.perf_counter() - t)
-                worst = max(worst, float((scores - trained(dense, kjt)).abs().max()))
-            wall = time.perf_counter() - t_all
+    # 5. serve
+    data = batches(scale, args.batch, n_serve, seed=2)
+    lat, worst = [], 0.0
+    with torch.no_grad():
+        for dense, kjt, _ in data[:3]:  # warm-up
+            dmp(dense, kjt)
+        t_all = time.perf_counter()
+        for dense, kjt, _ in data:
+            t = time.perf_counter()
+            scores = dmp(dense, kjt)
+            lat.append(time.perf_counter() - t)
+            worst = max(worst, float((scores - trained(dense, kjt)).abs().max()))
+        wall = time.perf_counter() - t_all
+    lat_ms = 1e3 * np.array(lat)
+    say(console, f"served {len(data)} batches of {args.batch}: {len(data) * args.batch / sum(lat):,.0f} samples/s "
+                 f"(wall {wall:.1f} s with the DRAM reference model), latency p50 {np.percentile(lat_ms, 50):.2f} "
+                 f"ms, p95 {np.percentile(lat_ms, 95):.2f} ms, p99 {np.percentile(lat_ms, 99):.2f} ms")
+    if ssd:
         (mod,) = find_ssd_modules(dmp)
         cs = mod.ssd_backend.cache_stats()
         rc = cs["row_cache"]
         pc = cs["pooled_cache"]
-        lat_ms = 1e3 * np.array(lat)
-        say(console, f"served {len(data)} batches of {args.batch}: {len(data) * args.batch / sum(lat):,.0f} samples/s "
-                     f"(wall {wall:.1f} s with the DRAM reference model), latency p50 {np.percentile(lat_ms, 50):.2f} "
-                     f"ms, p95 {np.percentile(lat_ms, 95):.2f} ms, p99 {np.percentile(lat_ms, 99):.2f} ms")
         say(console, f"row cache hit rate {rc['hits'] / max(1, rc['hits'] + rc['misses']):.1%} "
                      f"({rc['bytes'] / 2**20:.1f} MiB), pooled cache {pc['hits'] / max(1, pc['hits'] + pc['misses']):.1%}")
-        ok = worst <= 1e-5
-        say(console, f"scores vs the all-DRAM model: max |diff| = {worst:.2e} "
-                     + ("[green](equal within 1e-5)[/]" if ok else "[red](NOT equal)[/]"))
+    ok = worst <= 1e-5
+    say(console, f"scores vs the all-DRAM model: max |diff| = {worst:.2e} "
+                 + ("[green](equal within 1e-5)[/]" if ok else "[red](NOT equal)[/]"))
 
-        # a model update while serving: the next batch sees it
-        dense, kjt, _ = data[0]
-        ids = torch.unique(kjt["user_id"].values())[:100]
-        new_rows = torch.randn(len(ids), 32) * 0.01
-        update_rows(dmp, "user_id", ids, new_rows) if "user_id" in ssd else None
-        with torch.no_grad():
-            trained.sparse_arch.embedding_bag_collection.embedding_bags["user_id"].weight[ids] = new_rows
-            if "user_id" not in ssd:
-                dmp.load_state_dict({k: v for k, v in trained.state_dict().items() if ".user_id." in k}, strict=False)
-            diff = float((dmp(dense, kjt) - trained(dense, kjt)).abs().max())
-        say(console, f"updated {len(ids)} rows of user_id while serving; next batch vs DRAM model: {diff:.2e}")
+    # a model update while serving: the next batch sees it
+    dense, kjt, _ = data[0]
+    ids = torch.unique(kjt["user_id"].values())[:100]
+    new_rows = torch.randn(len(ids), 32) * 0.01
+    if "user_id" in ssd:
+        update_rows(dmp, "user_id", ids, new_rows)
+    with torch.no_grad():
+        trained.sparse_arch.embedding_bag_collection.embedding_bags["user_id"].weight[ids] = new_rows
+        if "user_id" not in ssd:
+            dmp.load_state_dict({k: v for k, v in trained.state_dict().items() if ".user_id." in k}, strict=False)
+        diff = float((dmp(dense, kjt) - trained(dense, kjt)).abs().max())
+    say(console, f"updated {len(ids)} rows of user_id while serving; next batch vs DRAM model: {diff:.2e}")
+    if args.log or args.keep:
         say(console, f"torch/TorchRec log: {log_path}")
-        return 0 if ok and diff <= 1e-5 else 1
-    finally:
-        from recflash.torchrec_ext import close_backends
-
-        close_backends()
-        if not args.store:
-            for f in os.listdir(tmp):
-                p = os.path.join(tmp, f)
-                if p != log_path:
-                    shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
+    return 0 if ok and diff <= 1e-5 else 1
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """``recflash ndp``: the device server and its status.
 
     recflash ndp serve --store DIR [--listen unix:PATH | HOST:PORT] [--token-file F] [--threads N]
-    recflash ndp status ADDRESS [--token-file F | --token T] [--json]
+    recflash ndp status ADDRESS [--token-file F | --token T] [--tls-ca CA.pem] [--json]
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -47,7 +48,11 @@ def serve(
     max_message_mb: Annotated[float, typer.Option("--max-message-mb", help="Largest request or response.")] = 64,
     page_granular: Annotated[bool, typer.Option("--page-granular", help="Read whole pages instead of 512 B blocks.")] = False,
     row_cache_mb: Annotated[float, typer.Option("--row-cache-mb", help="LRU row cache.")] = 0,
-    hot_rows_mb: Annotated[float, typer.Option("--hot-rows-mb", help="Static hot-row partition.")] = 0,
+    hot_rows_mb: Annotated[float, typer.Option(
+        "--hot-rows-mb", help="Static hot-row partition: filled once with the most frequent rows among the first "
+        "--hot-rows-profile-ids looked-up ids (that lookup also reads them), then kept (updates stay coherent).")] = 0,
+    hot_rows_profile_ids: Annotated[int, typer.Option(
+        "--hot-rows-profile-ids", help="Looked-up ids counted before the hot-row partition is filled.")] = 100_000,
     pooled_cache_mb: Annotated[float, typer.Option("--pooled-cache-mb", help="Pooled-embedding cache.")] = 0,
     pooled_min_bag: Annotated[int, typer.Option("--pooled-min-bag", help="Smallest bag the pooled cache keeps.")] = 8,
     device_cache_mb: Annotated[float, typer.Option("--device-cache-mb", help="Store-side row cache.")] = 0,
@@ -56,6 +61,24 @@ def serve(
     """Serve a store: one process owns it (the only writer) and runs SLS, MLPs and whole models."""
     import logging
 
+    sizes = {"--max-message-mb": max_message_mb, "--row-cache-mb": row_cache_mb, "--hot-rows-mb": hot_rows_mb,
+             "--pooled-cache-mb": pooled_cache_mb, "--device-cache-mb": device_cache_mb, "--grace": grace}
+    for flag, v in sizes.items():
+        if not math.isfinite(v) or v < 0:
+            fail(f"{flag} must be >= 0, got {v:g}")
+        if v * MB >= 2 ** 62:
+            fail(f"{flag} {v:g} is too large")
+    if max_message_mb * MB < 1024:
+        fail(f"--max-message-mb must be at least 1 KiB (0.001), got {max_message_mb:g}")
+    if threads < 1 or threads > 4096:
+        fail(f"--threads must be between 1 and 4096, got {threads}")
+    if pooled_min_bag < 0 or pooled_min_bag >= 2 ** 32:
+        fail(f"--pooled-min-bag must be >= 0, got {pooled_min_bag}")
+    if hot_rows_profile_ids < 0:
+        fail(f"--hot-rows-profile-ids must be >= 0, got {hot_rows_profile_ids}")
+    if hot_rows_profile_ids == 0 and hot_rows_mb > 0:
+        fail("--hot-rows-profile-ids 0 would leave the --hot-rows-mb partition empty: the server fills it from "
+             "the ids it serves")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with store_errors():
         from recflash.ndp.server import NdpServer
@@ -65,7 +88,7 @@ def serve(
                         tls_key=str(tls_key) if tls_key else None, vector_grained=not page_granular,
                         row_cache_bytes=int(row_cache_mb * MB), hot_rows_bytes=int(hot_rows_mb * MB),
                         pooled_cache_bytes=int(pooled_cache_mb * MB), pooled_min_bag=pooled_min_bag,
-                        device_cache_bytes=int(device_cache_mb * MB))
+                        device_cache_bytes=int(device_cache_mb * MB), hot_rows_profile_ids=hot_rows_profile_ids)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -85,10 +108,19 @@ def status(
     token_file: Annotated[Optional[Path], typer.Option("--token-file", help="Read the first token from this file.")] = None,
     token: Annotated[Optional[str], typer.Option("--token", envvar="RECFLASH_NDP_TOKEN", help="Bearer token.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Deadline, seconds.")] = 10,
+    tls_ca: Annotated[Optional[Path], typer.Option(
+        "--tls-ca", help="PEM file of the CA that signed the server's certificate (a server run with --tls-cert).")] = None,
+    tls_server_name: Annotated[Optional[str], typer.Option(
+        "--tls-server-name", help="Name to check the server's certificate against, when it differs from the address's host.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Stats answer as JSON.")] = False,
 ) -> None:
     """Print a server's tables, models and per-command counters."""
     from recflash.ndp.client import DeviceClient
+
+    if not math.isfinite(timeout) or timeout <= 0:
+        fail(f"--timeout must be > 0 seconds, got {timeout:g}")
+    if tls_server_name and not tls_ca:
+        fail("--tls-server-name needs --tls-ca")
 
     if token_file and not token:
         try:
@@ -97,7 +129,8 @@ def status(
             fail(f"token file '{token_file}': {e.strerror}")
         token = lines[0][-1] if lines else None
     with store_errors():
-        with DeviceClient(address, token, timeout=timeout) as c:
+        with DeviceClient(address, token, timeout=timeout, tls_ca=str(tls_ca) if tls_ca else None,
+                          tls_server_name=tls_server_name) as c:
             st = c.stats()
     if as_json:
         print(json.dumps(jsonable(st), indent=2, sort_keys=True))

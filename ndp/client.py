@@ -56,11 +56,16 @@ _ERRORS["ServerConfigError"] = rerr.InvalidArgumentError
 
 
 def _kjt_parts(sparse):
-    """(keys, lengths, values) of a KeyedJaggedTensor or of a (keys, lengths, values) tuple."""
+    """(keys, lengths, values, weights or None) of a KeyedJaggedTensor or of a (keys, lengths,
+    values[, weights]) tuple."""
     if hasattr(sparse, "keys") and hasattr(sparse, "lengths") and hasattr(sparse, "values") and callable(sparse.keys):
-        return list(sparse.keys()), sparse.lengths(), sparse.values()
-    keys, lengths, values = sparse
-    return list(keys), lengths, values
+        weights = sparse.weights_or_none() if hasattr(sparse, "weights_or_none") else None
+        return list(sparse.keys()), sparse.lengths(), sparse.values(), weights
+    if not isinstance(sparse, (tuple, list)) or len(sparse) not in (3, 4):
+        raise rerr.InvalidArgumentError("sparse features must be a KeyedJaggedTensor or a (keys, lengths, values"
+                                        f"[, weights]) tuple, got {type(sparse).__name__}")
+    keys, lengths, values, *weights = sparse
+    return list(keys), lengths, values, (weights[0] if weights else None)
 
 
 class DeviceClient:
@@ -86,8 +91,11 @@ class DeviceClient:
                 # a batch's ids arrive in one stream window instead of 64 KiB flow-control steps
                 ("grpc.http2.lookahead_bytes", 16 << 20), ("grpc.http2.max_frame_size", (16 << 20) - 1)]
         if tls_ca:
-            with open(tls_ca, "rb") as f:
-                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            try:
+                with open(tls_ca, "rb") as f:
+                    creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            except OSError as e:
+                raise rerr.InvalidArgumentError(f"TLS CA file '{tls_ca}': {e.strerror}") from None
             if tls_server_name:
                 opts.append(("grpc.ssl_target_name_override", tls_server_name))
             self._channel = grpc.secure_channel(address, creds, options=opts)
@@ -162,8 +170,8 @@ class DeviceClient:
             if not isinstance(r, SlsRequest):
                 r = SlsRequest(*r)
             b = msg.bags.add(table=r.table, mode=r.mode, include_last_offset=r.include_last_offset)
-            wire.fill(b.indices, r.indices)
-            wire.fill(b.offsets, r.offsets)
+            b.indices.CopyFrom(wire.ids_tensor(r.indices, f"sls on table '{r.table}': indices"))
+            b.offsets.CopyFrom(wire.ids_tensor(r.offsets, f"sls on table '{r.table}': offsets"))
             if r.per_sample_weights is not None:
                 wire.fill(b.per_sample_weights, r.per_sample_weights, np.float32)
         return msg
@@ -192,14 +200,15 @@ class DeviceClient:
     # -- rows ----------------------------------------------------------------------------
     def read_rows(self, table: str, ids) -> np.ndarray:
         """Rows for ids as a [len(ids), dim] float32 array."""
-        resp = self._call("ReadRows", pb.ReadRowsRequest(table=table, ids=wire.tensor(np.asarray(wire.as_numpy(ids)).reshape(-1))))
+        ids = wire.ids_tensor(np.asarray(wire.as_numpy(ids)).reshape(-1), f"read_rows on table '{table}': ids")
+        resp = self._call("ReadRows", pb.ReadRowsRequest(table=table, ids=ids))
         return wire.decode(resp.rows, "rows", wire.FLOATS, 2, copy=True)
 
     def update_rows(self, table: str, ids, rows) -> int:
         """New versions of rows; durable and visible to every later call when this returns."""
-        ids = wire.as_numpy(ids).reshape(-1)
+        ids = wire.ids_tensor(np.asarray(wire.as_numpy(ids)).reshape(-1), f"update_rows on table '{table}': ids")
         rows = wire.as_numpy(rows)
-        resp = self._call("UpdateRows", pb.UpdateRowsRequest(table=table, ids=wire.tensor(ids),
+        resp = self._call("UpdateRows", pb.UpdateRowsRequest(table=table, ids=ids,
                                                              rows=wire.tensor(rows, np.float32)))
         return int(resp.rows)
 
@@ -274,9 +283,14 @@ class DeviceClient:
         return self._submit("Mlp", self._mlp_request(model, which, x), lambda r: self._out(r.output, x, "output"))
 
     def _forward_request(self, model, dense, sparse, want_stats):
-        keys, lengths, values = _kjt_parts(sparse)
-        return pb.ForwardRequest(model=model, dense=wire.tensor(dense, np.float32), keys=keys,
-                                 lengths=wire.tensor(lengths), values=wire.tensor(values), want_stats=want_stats)
+        keys, lengths, values, weights = _kjt_parts(sparse)
+        what = f"forward on model '{model}'"
+        msg = pb.ForwardRequest(model=model, dense=wire.tensor(dense, np.float32), keys=keys,
+                                lengths=wire.ids_tensor(lengths, f"{what}: lengths"),
+                                values=wire.ids_tensor(values, f"{what}: values"), want_stats=want_stats)
+        if weights is not None:
+            wire.fill(msg.weights, weights, np.float32)
+        return msg
 
     def _forward_result(self, r, like):
         if r.HasField("stats"):

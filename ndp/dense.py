@@ -4,12 +4,14 @@ Built from torchrec's own ``DenseArch``, ``InteractionArch`` and ``OverArch``
 (``torchrec.models.dlrm``) and loaded from a ``DLRM`` state dict, so the device computes the
 same function as the host model. The embedding tables are not part of it: they live in the
 store and are pooled by the SLS engine; ``config["tables"]`` says which store table serves
-each of the model's sparse features.
+each of the model's sparse features. ``is_weighted`` (default false): the model's
+EmbeddingBagCollection was built with ``is_weighted=True``, so every feature pools with the
+KeyedJaggedTensor's per-value weights (Forward then needs them).
 
 Config (JSON-able dict)::
 
     {"dense_in_features": 13, "dense_arch_layer_sizes": [64, 16],
-     "over_arch_layer_sizes": [32, 1],
+     "over_arch_layer_sizes": [32, 1], "is_weighted": false,
      "tables": [{"name": "t0", "store_table": "t0", "embedding_dim": 16,
                  "num_embeddings": 1000, "feature_names": ["f0"], "pooling": "sum"}, ...]}
 """
@@ -30,10 +32,11 @@ def dlrm_config(model, table_map: Optional[Dict[str, str]] = None) -> dict:
     """The config of a torchrec ``DLRM`` (its store tables named by `table_map`, default: the
     model's table names)."""
     table_map = table_map or {}
+    ebc = model.sparse_arch.embedding_bag_collection
     dense_mlp = model.dense_arch.model._mlp
     over_mlp, over_last = model.over_arch.model[0], model.over_arch.model[1]
     tables = []
-    for c in model.sparse_arch.embedding_bag_collection.embedding_bag_configs():
+    for c in ebc.embedding_bag_configs():
         pooling = getattr(c.pooling, "name", str(c.pooling)).lower()
         tables.append(dict(name=c.name, store_table=table_map.get(c.name, c.name), embedding_dim=int(c.embedding_dim),
                            num_embeddings=int(c.num_embeddings), feature_names=list(c.feature_names), pooling=pooling))
@@ -41,6 +44,7 @@ def dlrm_config(model, table_map: Optional[Dict[str, str]] = None) -> dict:
         dense_in_features=int(dense_mlp[0]._linear.in_features),
         dense_arch_layer_sizes=[int(p._linear.out_features) for p in dense_mlp],
         over_arch_layer_sizes=[int(p._linear.out_features) for p in over_mlp._mlp] + [int(over_last.out_features)],
+        is_weighted=bool(ebc.is_weighted()) if callable(getattr(ebc, "is_weighted", None)) else False,
         tables=tables,
     )
 
@@ -75,6 +79,10 @@ class DlrmDense:
         over_sizes = _positive_ints(config, "over_arch_layer_sizes", name)
         if len(over_sizes) < 2:
             raise InvalidArgumentError(f"model '{name}': 'over_arch_layer_sizes' needs at least two layers")
+        self.is_weighted = config.get("is_weighted", False)
+        if not isinstance(self.is_weighted, bool):
+            raise InvalidArgumentError(f"model '{name}': config 'is_weighted' must be true or false, "
+                                       f"got {self.is_weighted!r}")
         tables = config.get("tables")
         if not isinstance(tables, list) or not tables:
             raise InvalidArgumentError(f"model '{name}': config 'tables' must be a non-empty list")
@@ -87,6 +95,9 @@ class DlrmDense:
                 if pooling not in ("sum", "mean"):
                     raise InvalidArgumentError(f"model '{name}': table '{t['name']}' has pooling {pooling!r} "
                                                f"(the device pools with 'sum' or 'mean')")
+                if self.is_weighted and pooling != "sum":
+                    raise InvalidArgumentError(f"model '{name}': table '{t['name']}' pools by {pooling}, but the "
+                                               f"model is weighted (is_weighted): per-value weights need 'sum'")
                 for f in t["feature_names"]:
                     self.features.append((str(f), str(t.get("store_table", t["name"])), pooling))
             except (KeyError, TypeError) as e:

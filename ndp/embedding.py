@@ -11,6 +11,7 @@ them back into the packed layout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import weakref
@@ -21,7 +22,7 @@ import numpy as np
 
 from recflash.ndp import row_format
 from recflash.reader import Store
-from recflash.reader.errors import InvalidArgumentError, SchemaError, UnknownFeatureError
+from recflash.reader.errors import InvalidArgumentError, RecflashError, SchemaError, UnknownFeatureError
 
 TABLE_PREFIX = "emb/"
 _CATALOG = "emb/__tables__"  # binary feature: crc32(name) -> JSON table description
@@ -45,10 +46,80 @@ class TableInfo:
         return row_format.row_words(self.dtype, self.dim)
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
 def _as_numpy(x, dtype) -> np.ndarray:
+    """A contiguous array of `dtype` (for float data such as weights; ids go through as_ids)."""
     if hasattr(x, "detach"):  # torch.Tensor
         x = x.detach().cpu().numpy()
     return np.ascontiguousarray(np.asarray(x), dtype=dtype)
+
+
+def as_ids(x, what: str, ndim: Optional[int] = 1) -> np.ndarray:
+    """Row ids, offsets or lengths as a contiguous int64 array, refusing what is not integer.
+
+    Float (1.7 would silently become row 1), bool, complex and object arrays raise
+    :class:`InvalidArgumentError` naming `what` (e.g. "sls on table 'user': indices"); so do
+    unsigned values above the int64 range (reported as given, not wrapped negative) and, when
+    `ndim` is given, another number of dimensions. An empty sequence is accepted whatever its
+    dtype (``[]`` is float64 to numpy)."""
+    if hasattr(x, "detach"):  # torch.Tensor
+        x = x.detach().cpu().numpy()
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:  # ragged nested lists and the like
+        raise InvalidArgumentError(f"{what} must be a 1-D array of integer ids: {e}") from None
+    if a.dtype.kind not in "iu":
+        if a.size == 0 and a.dtype.kind in "fiub":
+            a = a.astype(np.int64)
+        else:
+            raise InvalidArgumentError(f"{what} must be int64 or int32, got {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise InvalidArgumentError(f"{what} must have {ndim} dimension(s), got shape {list(a.shape)}")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > _INT64_MAX:
+        return a  # the caller range-checks the values as given; see check_range
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def check_range(ids: np.ndarray, table: str, num_rows: int, prefix: str = "") -> np.ndarray:
+    """`ids` (from as_ids) as int64 after checking 0 <= id < num_rows; the message reports the
+    first bad id as it was given."""
+    if ids.size:
+        if ids.dtype.kind == "u":
+            bad_mask = ids >= np.uint64(num_rows)
+        else:
+            bad_mask = (ids < 0) | (ids >= num_rows)
+        if bad_mask.any():
+            bad = int(ids[bad_mask][0])
+            raise InvalidArgumentError(f"{prefix}row id {bad} out of range for table '{table}' with {num_rows} rows")
+    return np.ascontiguousarray(ids, dtype=np.int64)
+
+
+def public_error(e: Exception) -> Exception:
+    """`e` with the store's feature names (``'emb/user'``) replaced by the table's (``'user'``):
+    the engine and the store name features, a user knows tables."""
+    msg = str(e)
+    if f"'{TABLE_PREFIX}" not in msg or not e.args:
+        return e
+    try:
+        out = type(e)(msg.replace(f"'{TABLE_PREFIX}", "'"))
+    except Exception:  # noqa: BLE001 - an exception class with another signature: keep it as it is
+        return e
+    out.__cause__ = e.__cause__
+    return out
+
+
+@contextlib.contextmanager
+def table_errors():
+    """Re-raises a recflash error from the store or engine with table names (public_error)."""
+    try:
+        yield
+    except RecflashError as e:
+        pe = public_error(e)
+        if pe is e:
+            raise
+        raise pe from None
 
 
 class EmbeddingStore:
@@ -124,13 +195,15 @@ class EmbeddingStore:
             for a in range(0, t.num_rows, chunk_rows):
                 z = min(t.num_rows, a + chunk_rows)
                 rows = row_format.encode_rows(t.dtype, w[a:z], t.dim, f"table '{name}'")
-                self.store.put(feature, np.arange(a, z, dtype=np.uint64), rows)
+                with table_errors():
+                    self.store.put(feature, np.arange(a, z, dtype=np.uint64), rows)
                 if bar:
                     bar.advance(task, z - a)
         finally:
             if bar:
                 bar.stop()
-        self.store.compact([feature])
+        with table_errors():
+            self.store.compact([feature])
         self.verify_table(name)
 
     def verify_table(self, name: str) -> int:
@@ -139,7 +212,8 @@ class EmbeddingStore:
         reads of it are verified from the first lookup on. Returns the pages read (0 when all
         sums are held, or with ``StoreOptions(verify_block_reads=False)``)."""
         self.info(name)
-        return int(self.store.verify_rows(self.feature_name(name)))
+        with table_errors():
+            return int(self.store.verify_rows(self.feature_name(name)))
 
     def update_rows(self, name: str, ids, rows) -> None:
         """New versions of some rows, visible to the next lookup (model update while serving).
@@ -153,7 +227,8 @@ class EmbeddingStore:
             raise SchemaError(f"table '{name}': {len(ids)} ids need rows of shape ({len(ids)}, {t.dim}), "
                               f"got {r.shape}")
         r = row_format.encode_rows(t.dtype, r, t.dim, f"table '{name}'")
-        self.store.put(self.feature_name(name), ids.astype(np.uint64), r)
+        with table_errors():
+            self.store.put(self.feature_name(name), ids.astype(np.uint64), r)
         uniq = np.unique(ids)
         for engine in list(self._engines):
             engine._invalidate(name, uniq)
@@ -168,7 +243,8 @@ class EmbeddingStore:
         t = self.info(name)
         ids = self._check_ids(t, ids)
         uniq, inv = np.unique(ids, return_inverse=True)
-        rows, st = self.store.gather_rows(self.feature_name(name), uniq, vector_grained)
+        with table_errors():
+            rows, st = self.store.gather_rows(self.feature_name(name), uniq, vector_grained)
         self.last_gather_stats = st
         rows = rows[inv]
         if raw:
@@ -178,14 +254,12 @@ class EmbeddingStore:
     def compact(self, name: Optional[str] = None) -> None:
         """Folds updated rows back into the packed layout."""
         names = [name] if name else list(self._tables)
-        self.store.compact([self.feature_name(n) for n in names])
+        with table_errors():
+            self.store.compact([self.feature_name(n) for n in names])
         for n in names:
             self.verify_table(n)
 
     @staticmethod
     def _check_ids(t: TableInfo, ids) -> np.ndarray:
-        ids = _as_numpy(ids, np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= t.num_rows):
-            bad = int(ids[(ids < 0) | (ids >= t.num_rows)][0])
-            raise InvalidArgumentError(f"row id {bad} out of range for table '{t.name}' with {t.num_rows} rows")
-        return ids
+        ids = as_ids(ids, f"table '{t.name}': ids", ndim=None).reshape(-1)
+        return check_range(ids, t.name, t.num_rows)

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import socket
 import stat
 import tempfile
 import threading
@@ -41,7 +42,7 @@ import numpy as np
 
 import recflash
 from recflash.ndp import wire
-from recflash.ndp.embedding import EmbeddingStore
+from recflash.ndp.embedding import EmbeddingStore, as_ids
 from recflash.ndp.proto import ndp_pb2 as pb
 from recflash.ndp.proto import ndp_pb2_grpc as pb_grpc
 from recflash.ndp.sls import SlsEngine, SlsRequest
@@ -152,6 +153,90 @@ def _private_dir(path: str) -> None:
                                 f"(has uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
 
 
+def _claim_socket_path(path: str) -> None:
+    """Makes `path` free for a new Unix socket, or says why it cannot be used: its directory
+    must exist; an existing socket that a process answers on belongs to a running server
+    (refused); one nobody answers on is stale (a server killed with SIGKILL) and is removed;
+    anything else at the path (a regular file, a directory) is refused, never removed."""
+    d = os.path.dirname(path) or "."
+    if not os.path.isdir(d):
+        what = "is not a directory" if os.path.exists(d) else "does not exist"
+        raise ServerConfigError(f"cannot listen on 'unix:{path}': directory '{d}' {what}")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ServerConfigError(f"cannot listen on 'unix:{path}': no permission to create a socket in '{d}'")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode)
+                else "a regular file" if stat.S_ISREG(st.st_mode) else "not a socket")
+        raise ServerConfigError(f"cannot listen on 'unix:{path}': the path exists and is {kind}; choose another "
+                                f"socket path (it is not removed)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # stale: nobody listens
+    except socket.timeout:
+        raise ServerConfigError(f"socket {path} is in use by a running server (it accepts connections but did "
+                                f"not answer in time); stop it or choose another --listen path") from None
+    except OSError as e:
+        raise ServerConfigError(f"cannot listen on 'unix:{path}': probing the existing socket failed: "
+                                f"{e.strerror}") from None
+    else:
+        raise ServerConfigError(f"socket {path} is in use by a running server; stop it first or choose "
+                                f"another --listen path")
+    finally:
+        probe.close()
+    try:
+        os.unlink(path)
+        log.info("removed stale socket %s (no server answered on it)", path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise ServerConfigError(f"cannot remove the stale socket '{path}': {e.strerror}") from None
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _temp_socket_path(path: str) -> str:
+    """A fresh name beside `path` (same directory, so it can be hard-linked there) to bind at;
+    `path` itself when no such name fits the 107-byte limit."""
+    tmp = os.path.join(os.path.dirname(path), f".rf{os.getpid()}-{os.urandom(3).hex()}.sock")
+    return tmp if len(tmp.encode()) <= 107 else path
+
+
+def _publish_socket(bind_path: str, path: str) -> Tuple[int, int]:
+    """Gives the socket bound at `bind_path` its name `path` without replacing anything there
+    (see _claim_socket_path); returns its (st_dev, st_ino)."""
+    if bind_path != path:
+        for attempt in range(3):
+            try:
+                os.link(bind_path, path)
+                break
+            except FileExistsError:
+                if attempt == 2:
+                    raise ServerConfigError(f"socket {path} is in use by a running server") from None
+                _claim_socket_path(path)  # refuses a live server, removes a stale socket
+            except OSError:  # a file system without hard links for sockets: rename (no atomic check)
+                _claim_socket_path(path)
+                try:
+                    os.rename(bind_path, path)
+                except OSError as e:
+                    raise ServerConfigError(f"cannot listen on 'unix:{path}': {e.strerror}") from None
+                break
+        _unlink_quietly(bind_path)
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 # ---------------------------------------------------------------------------------------
 # The device: store + engine + models, numpy in and out
 
@@ -161,7 +246,8 @@ class NdpDevice:
 
     def __init__(self, store_path: str, *, vector_grained: bool = True, row_cache_bytes: int = 0,
                  hot_rows_bytes: int = 0, pooled_cache_bytes: int = 0, pooled_min_bag: int = 8,
-                 device_cache_bytes: int = 0, verify_tables: bool = True, dense_threads: int = 8):
+                 device_cache_bytes: int = 0, hot_rows_profile_ids: int = 100_000, verify_tables: bool = True,
+                 dense_threads: int = 8):
         if not os.path.isdir(store_path):
             raise ServerConfigError(f"no store at '{store_path}' (serve an existing store; create its tables with "
                                     f"recflash.ndp.EmbeddingStore)")
@@ -171,7 +257,8 @@ class NdpDevice:
             self.tables = EmbeddingStore(self.store)
             self.engine_options = dict(vector_grained=vector_grained, row_cache_bytes=row_cache_bytes,
                                        hot_rows_bytes=hot_rows_bytes, pooled_cache_bytes=pooled_cache_bytes,
-                                       pooled_min_bag=pooled_min_bag, device_cache_bytes=device_cache_bytes)
+                                       pooled_min_bag=pooled_min_bag, device_cache_bytes=device_cache_bytes,
+                                       hot_rows_profile_ids=hot_rows_profile_ids)
             self.engine = SlsEngine(self.tables, **self.engine_options)
             self.verified_pages = 0
             if verify_tables:  # warm-up: take each packed page's block checksums now, not on first lookups
@@ -227,10 +314,26 @@ class NdpDevice:
         out = m.bottom(t) if which == "bottom" else m.top(t)
         return out.numpy()
 
-    def forward(self, name: str, dense: np.ndarray, keys, lengths: np.ndarray, values: np.ndarray):
+    def forward(self, name: str, dense: np.ndarray, keys, lengths: np.ndarray, values: np.ndarray,
+                weights: Optional[np.ndarray] = None):
+        """Scores of model `name`; `weights` are the KJT's per-value weights (float32 like
+        values), used when the model is weighted (is_weighted) and ignored otherwise, as
+        torchrec's EmbeddingBagCollection does."""
         import torch
 
         m = self.model(name)
+        values = as_ids(values, f"Forward on model '{name}': values")
+        lengths = as_ids(lengths, f"Forward on model '{name}': lengths")
+        if m.is_weighted:
+            if weights is None:
+                raise rerr.InvalidArgumentError(
+                    f"Forward on model '{name}': the model's embedding tables are weighted (is_weighted), "
+                    f"so the KeyedJaggedTensor needs weights; it has none")
+            if weights.size != values.size:
+                raise rerr.SchemaError(f"Forward on model '{name}': weights has {weights.size} entries for "
+                                       f"{values.size} values")
+        else:
+            weights = None
         if dense.ndim != 2 or dense.shape[1] != m.dense_in:
             raise rerr.SchemaError(f"Forward on model '{name}': dense features must be [B, {m.dense_in}], "
                                    f"got {list(dense.shape)}")
@@ -257,8 +360,9 @@ class NdpDevice:
                 raise rerr.InvalidArgumentError(f"Forward on model '{name}': sparse feature '{feature}' missing "
                                                 f"(keys sent: {keys})")
             offsets = np.concatenate([[0], np.cumsum(lengths[i])])
-            requests.append(SlsRequest(table, values[starts[i]:starts[i + 1]], offsets, pooling,
-                                       include_last_offset=True))
+            a, z = starts[i], starts[i + 1]
+            requests.append(SlsRequest(table, values[a:z], offsets, pooling,
+                                       None if weights is None else weights[a:z], include_last_offset=True))
         # RM-SSD runs the bottom MLP beside the embedding lookups: torch and the engine's ring
         # pass both run without the GIL, so the MLP computes while the rows are read.
         bottom = self._dense_pool.submit(m.bottom, torch.from_numpy(np.array(dense, dtype=np.float32)))
@@ -388,7 +492,8 @@ class _Servicer(pb_grpc.NdpDeviceServicer):
             dense = wire.decode(r.dense, f"{what} dense", wire.FLOATS, 2)
             lengths = wire.decode(r.lengths, f"{what} lengths", wire.IDS, 1)
             values = wire.decode(r.values, f"{what} values", wire.IDS, 1)
-            scores, st = self.d.forward(r.model, dense, r.keys, lengths, values)
+            weights = wire.decode(r.weights, f"{what} weights", wire.FLOATS, 1) if r.HasField("weights") else None
+            scores, st = self.d.forward(r.model, dense, r.keys, lengths, values, weights)
             resp = pb.ForwardResponse(scores=wire.tensor(scores))
             if r.want_stats:
                 _stats_msg(resp.stats, st)
@@ -487,6 +592,7 @@ class NdpServer:
                 raise ServerConfigError(f"socket path '{host}' is {len(host.encode())} bytes; Unix sockets allow 107")
             if listen is None:
                 _private_dir(os.path.dirname(host))
+            _claim_socket_path(host)
         if threads < 1:
             raise ServerConfigError(f"threads must be >= 1, got {threads}")
         self.device = NdpDevice(store_path, dense_threads=threads, **engine_options)
@@ -505,12 +611,29 @@ class NdpServer:
         self.servicer = _Servicer(self.device, self)
         pb_grpc.add_NdpDeviceServicer_to_server(self.servicer, self._server)
         self._kind, self._socket = kind, host if kind == "unix" else None
-        target = self.listen if kind == "unix" else (f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        # A Unix socket is bound at a private temporary name and then hard-linked to its path:
+        # link() fails when the path exists, so a server that started meanwhile is never
+        # replaced; and gRPC, which unlinks the path it bound when it stops, only removes the
+        # temporary name, so stop() removes the path only if it is still this server's socket.
+        bind_path = _temp_socket_path(host) if kind == "unix" else None
+        if kind == "unix":
+            target = f"unix:{bind_path}"
+        else:
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._socket_id = None  # (st_dev, st_ino) of the socket file this server created
         try:
-            bound = self._server.add_secure_port(target, creds) if creds else self._server.add_insecure_port(target)
-        except RuntimeError as e:
+            try:
+                bound = self._server.add_secure_port(target, creds) if creds else self._server.add_insecure_port(target)
+            except RuntimeError as e:
+                raise ServerConfigError(f"cannot listen on '{self.listen}': {e}") from None
+            if kind == "unix":
+                self._socket_id = _publish_socket(bind_path, host)
+        except BaseException:
+            self._server.stop(None)
             self.device.close()
-            raise ServerConfigError(f"cannot listen on '{self.listen}': {e}") from None
+            if bind_path and bind_path != host:
+                _unlink_quietly(bind_path)
+            raise
         if kind == "tcp":
             self.address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
         else:
@@ -532,9 +655,13 @@ class NdpServer:
             return
         self._server.stop(grace).wait()
         self.device.close()
-        if self._socket:
+        if self._socket and self._socket_id is not None:
+            # only the socket this server bound: a path taken over since (another server after
+            # a restart) is left alone
             try:
-                os.unlink(self._socket)
+                st = os.lstat(self._socket)
+                if (st.st_dev, st.st_ino) == self._socket_id:
+                    os.unlink(self._socket)
             except FileNotFoundError:
                 pass
         self._stopped.set()

@@ -52,6 +52,24 @@ def tensor(x, dtype=None) -> "pb.Tensor":
     return fill(pb.Tensor(), x, dtype)
 
 
+def ids_tensor(x, what: str) -> "pb.Tensor":
+    """Ids, offsets or lengths as a Tensor: integers only (a float or bool array raises
+    InvalidArgumentError naming `what` instead of being rounded or cast), int32 kept, other
+    integer types as int64; an unsigned value past the int64 range is reported as given."""
+    from recflash.ndp.embedding import as_ids
+
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x) if not isinstance(x, np.ndarray) else x
+    if a.dtype == np.int32:
+        return fill(pb.Tensor(), a)
+    a = as_ids(a, what, ndim=None)
+    if a.dtype.kind == "u":  # as_ids leaves values past int64 unconverted
+        bad = int(a[a > np.uint64(np.iinfo(np.int64).max)][0])
+        raise InvalidArgumentError(f"{what}: row id {bad} out of range (ids must be below 2**63)")
+    return fill(pb.Tensor(), a)
+
+
 def decode(t: "pb.Tensor", what: str, allowed: Sequence[int], ndim: Optional[int] = None,
            copy: bool = False) -> np.ndarray:
     """The array in `t` (a read-only view of the message's bytes unless copy)."""

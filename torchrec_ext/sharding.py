@@ -252,7 +252,8 @@ class SsdEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     server address (``unix:PATH`` or ``HOST:PORT``) or a ``DeviceClient``. ``None`` is allowed
     only for planning. ``sls_options``: the SLS engine's cache options (``row_cache_bytes``,
     ``hot_rows_bytes``, ``pooled_cache_bytes``, ``pooled_min_bag``, ``device_cache_bytes``,
-    ``vector_grained``) and ``writable`` (open a shared plain store path read-write).
+    ``vector_grained``; ``hot_rows_bytes`` is filled from the first ``hot_rows_profile_ids`` ids
+    looked up, see ``SlsEngine``) and ``writable`` (open a shared plain store path read-write).
     ``max_gather_bytes`` bounds the rows one engine call holds: a larger batch is looked up in
     windows of whole bags (each window one call, every table of the group in one ring pass).
     """

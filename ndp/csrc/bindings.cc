@@ -94,6 +94,7 @@ const OptionField<SlsOptions> kSlsOptions[] = {
     RF_SLS_OPTION("vector_grained", vector_grained),
     RF_SLS_OPTION("row_cache_bytes", row_cache_bytes),
     RF_SLS_OPTION("hot_rows_bytes", hot_rows_bytes),
+    RF_SLS_OPTION("hot_rows_profile_ids", hot_rows_profile_ids),
     RF_SLS_OPTION("pooled_cache_bytes", pooled_cache_bytes),
     RF_SLS_OPTION("pooled_min_bag", pooled_min_bag),
     RF_SLS_OPTION("device_cache_bytes", device_cache_bytes),

@@ -30,7 +30,10 @@ Status Validate(const SlsRequest& r, const FeatureDef& def) {
 }  // namespace
 
 SlsEngine::SlsEngine(Store* store, const SlsOptions& o)
-    : store_(store), o_(o), rows_(o.row_cache_bytes), pooled_(o.pooled_cache_bytes, o.pooled_min_bag) {}
+    : store_(store), o_(o), rows_(o.row_cache_bytes), pooled_(o.pooled_cache_bytes, o.pooled_min_bag) {
+  MutexLock l(&mu_);
+  auto_profile_ = o_.hot_rows_bytes > 0 && o_.hot_rows_profile_ids > 0;
+}
 
 DirectMappedCache* SlsEngine::DeviceCache(uint32_t fid, uint32_t dim) {
   if (!o_.device_cache_bytes) return nullptr;
@@ -104,7 +107,24 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
     stats->gather.seconds = std::max(stats->gather.seconds, gs.seconds);
   }
   stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (auto_profile_) AutoProfile(requests);
   return Status::OK();
+}
+
+void SlsEngine::AutoProfile(const std::vector<SlsRequest>& requests) {
+  for (size_t k = 0; k < requests.size(); k++) {
+    const SlsRequest& r = requests[k];
+    const FeatureDef& def = work_[k].def;
+    auto_tables_[def.id] = {r.table, def.dim};
+    for (size_t i = 0; i < r.num_indices; i++) auto_freq_[RowKey(def.id, static_cast<uint64_t>(r.indices[i]))]++;
+    auto_seen_ += r.num_indices;
+  }
+  if (auto_seen_ < o_.hot_rows_profile_ids) return;
+  auto_profile_ = false;  // once: the partition is static from here on (Invalidate keeps it fresh)
+  hot_.Clear();
+  if (!FillHot(auto_freq_, auto_tables_).ok()) hot_.Clear();  // a failed read: lookups go to the store as before
+  auto_freq_ = {};
+  auto_tables_ = {};
 }
 
 Status SlsEngine::Prepare(const SlsRequest& r, Work* wk) {
@@ -190,13 +210,12 @@ void SlsEngine::Pool(const SlsRequest& r, Work* wk) {
 
 Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {
   MutexLock l(&mu_);
+  auto_profile_ = false;  // an explicit profile replaces the automatic one
+  auto_freq_ = {};
+  auto_tables_ = {};
   hot_.Clear();
   if (!o_.hot_rows_bytes) return Status::OK();
-  struct T {
-    std::string name;
-    uint32_t dim;
-  };
-  std::unordered_map<uint32_t, T> tables;
+  std::unordered_map<uint32_t, HotTable> tables;
   std::unordered_map<uint64_t, uint32_t> freq;
   for (const SlsRequest& r : requests) {
     FeatureDef def;
@@ -205,6 +224,11 @@ Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {
     tables[def.id] = {r.table, def.dim};
     for (size_t i = 0; i < r.num_indices; i++) freq[RowKey(def.id, static_cast<uint64_t>(r.indices[i]))]++;
   }
+  return FillHot(freq, tables);
+}
+
+Status SlsEngine::FillHot(const std::unordered_map<uint64_t, uint32_t>& freq,
+                          std::unordered_map<uint32_t, HotTable>& tables) {
   std::vector<std::pair<uint32_t, uint64_t>> ranked;
   ranked.reserve(freq.size());
   for (const auto& [k, c] : freq) ranked.emplace_back(c, k);
@@ -213,7 +237,7 @@ Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {
   size_t used = 0;
   for (const auto& [c, k] : ranked) {
     const uint32_t fid = static_cast<uint32_t>(k >> 40);
-    const size_t cost = tables[fid].dim * sizeof(float) + 32;
+    const size_t cost = tables[fid].words * sizeof(float) + 32;
     if (used + cost > o_.hot_rows_bytes) break;
     used += cost;
     chosen[fid].push_back(k & ((1ull << 40) - 1));
@@ -221,7 +245,7 @@ Status SlsEngine::Profile(const std::vector<SlsRequest>& requests) {
   std::vector<float> buf;
   for (auto& [fid, ids] : chosen) {
     std::sort(ids.begin(), ids.end());
-    const uint32_t dim = tables[fid].dim;
+    const uint32_t dim = tables[fid].words;
     buf.resize(ids.size() * dim);
     GatherStats gs;
     RF_RETURN_IF_ERROR(store_->GatherRows(tables[fid].name, ids.data(), ids.size(), o_.vector_grained, buf.data(), &gs));

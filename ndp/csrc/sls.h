@@ -43,7 +43,11 @@ struct SlsStats {
 struct SlsOptions {
   bool vector_grained = true;     // block-granular reads at computed addresses (else pages)
   size_t row_cache_bytes = 0;     // host LRU row cache
-  size_t hot_rows_bytes = 0;      // static hot-row partition (filled by Profile)
+  size_t hot_rows_bytes = 0;      // static hot-row partition (filled by Profile, or automatically)
+  // With hot_rows_bytes and no Profile call: the ids of the first hot_rows_profile_ids
+  // lookups Run serves are counted, then the hottest of them fill the partition (once).
+  // 0: only Profile fills it.
+  uint64_t hot_rows_profile_ids = 100000;
   size_t pooled_cache_bytes = 0;  // pooled-embedding cache
   uint32_t pooled_min_bag = 8;    // only bags at least this long are cached
   size_t device_cache_bytes = 0;  // store-side direct-mapped row cache, split over tables
@@ -55,7 +59,8 @@ class SlsEngine {
   explicit SlsEngine(Store* store, const SlsOptions& o = SlsOptions());
   Status Run(const std::vector<SlsRequest>& requests, SlsStats* stats);
   // Counts row frequencies over a representative trace and keeps the hottest rows that fit
-  // hot_rows_bytes in DRAM; they are then pooled without touching the store.
+  // hot_rows_bytes in DRAM; they are then pooled without touching the store. Replaces the
+  // automatic profile (hot_rows_profile_ids) from then on.
   Status Profile(const std::vector<SlsRequest>& requests);
   // Rows of `table` were rewritten (update_rows): drop or refresh every cached copy.
   Status Invalidate(const std::string& table, const uint64_t* ids, size_t n);
@@ -77,6 +82,15 @@ class SlsEngine {
   Status Prepare(const SlsRequest& r, Work* wk) RF_REQUIRES(mu_);
   void Pool(const SlsRequest& r, Work* wk) RF_REQUIRES(mu_);
   DirectMappedCache* DeviceCache(uint32_t fid, uint32_t dim) RF_REQUIRES(mu_);
+  struct HotTable {
+    std::string name;
+    uint32_t words = 0;
+  };
+  // The hottest rows of `freq` (RowKey -> count) that fit hot_rows_bytes into hot_.
+  Status FillHot(const std::unordered_map<uint64_t, uint32_t>& freq,
+                 std::unordered_map<uint32_t, HotTable>& tables) RF_REQUIRES(mu_);
+  // Automatic profile: counts the ids Run served until hot_rows_profile_ids, then FillHot.
+  void AutoProfile(const std::vector<SlsRequest>& requests) RF_REQUIRES(mu_);
   Store* store_;
   SlsOptions o_;
   Mutex mu_;  // one Run at a time per engine (caches are not thread-safe)
@@ -85,6 +99,10 @@ class SlsEngine {
   HotRows hot_ RF_GUARDED_BY(mu_);
   std::unordered_map<uint32_t, std::unique_ptr<DirectMappedCache>> device_ RF_GUARDED_BY(mu_);
   std::vector<Work> work_ RF_GUARDED_BY(mu_);
+  bool auto_profile_ RF_GUARDED_BY(mu_) = false;  // still counting for the automatic profile
+  uint64_t auto_seen_ RF_GUARDED_BY(mu_) = 0;
+  std::unordered_map<uint64_t, uint32_t> auto_freq_ RF_GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, HotTable> auto_tables_ RF_GUARDED_BY(mu_);
 };
 
 }  // namespace recflash::ndp

@@ -130,9 +130,7 @@ class EmbeddingStore:
         self._tables: Dict[str, TableInfo] = {}
         self._engines = weakref.WeakSet()  # SLS engines whose caches must follow updates
         if _CATALOG not in self.store.features():
-            if self.store.read_only:
-                return  # a read-only handle of a store that has no tables yet
-            self.store.create_feature(_CATALOG, "binary")
+            return  # no tables yet: the catalog is created with the first (a data store stays as it is)
         cat = self.store.scan(_CATALOG)
         for v in cat.column("value").to_pylist():
             d = json.loads(v)
@@ -164,6 +162,8 @@ class EmbeddingStore:
                                   f"not {num_rows} x {dim} of {dtype}")
             return t
         words = row_format.row_words(dtype, dim)
+        if _CATALOG not in self.store.features():
+            self.store.create_feature(_CATALOG, "binary")
         self.store.create_feature(self.feature_name(name), f"fixed_size_list<float32, {words}>")
         info = TableInfo(name=name, num_rows=int(num_rows), dim=int(dim), dtype=dtype)
         key = np.array([zlib.crc32(name.encode())], dtype=np.uint64)

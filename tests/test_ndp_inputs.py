@@ -435,3 +435,22 @@ def _checkpoint(tmp_path, scale):
     p = tmp_path / f"ck{scale}.pt"
     torch.save(ex.build(scale, "cpu").state_dict(), p)
     return p
+
+
+def test_embedding_store_leaves_a_data_store_as_it_is(tmp_path):
+    """Opening a store for embedding tables (what `recflash ndp serve` does) adds nothing to a
+    store that holds none: its catalog is created with the first table."""
+    import numpy as np
+
+    from recflash.ndp import EmbeddingStore
+    from recflash.reader import Store
+
+    with Store.open(str(tmp_path / "s")) as s:
+        s.create_feature("rating", "float32")
+        s.put("rating", np.arange(3, dtype=np.uint64), np.ones(3, np.float32))
+        es = EmbeddingStore(s)
+        assert es.tables() == {} and dict(s.features()) == {"rating": "float32"}
+        es.create_table("user", 10, 4)
+        assert set(dict(s.features())) == {"rating", "emb/__tables__", "emb/user"}
+    with Store.open(str(tmp_path / "s")) as s:
+        assert list(EmbeddingStore(s).tables()) == ["user"]

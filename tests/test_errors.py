@@ -519,3 +519,15 @@ def test_python_int_keys_above_int64_and_null_keys(store):
         store.get("count", pa.array([1, None], pa.uint64()))
     store.delete("count", [2**64 - 1, 2**63 + 5])
     assert_intact(store)
+
+
+def test_deleted_wal_directory_fails_the_open(tmp_path):
+    """wal/ deleted from a store with committed state: the open says what was lost (in both
+    modes, and again on the next try) instead of recreating it silently."""
+    import shutil
+
+    path, _ = _wal_store(tmp_path)
+    shutil.rmtree(os.path.join(path, "wal"))
+    for ro in (False, True, False):
+        with pytest.raises(CorruptionError, match="WAL directory"):
+            Store.open(path, read_only=ro)

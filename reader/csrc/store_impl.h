@@ -304,7 +304,8 @@ class StoreImpl final : public Store {
   std::atomic<double> encoded_bytes_read_{0};
   uint64_t flush_pages_written_ RF_GUARDED_BY(write_mu_) = 0;
   uint64_t recovered_wal_records_ RF_GUARDED_BY(write_mu_) = 0;
-  uint64_t wal_bytes_dropped_ RF_GUARDED_BY(write_mu_) = 0;  // not replayed (wal_recovery point_in_time)
+  uint64_t wal_bytes_dropped_ RF_GUARDED_BY(write_mu_) = 0;
+  bool wal_dir_created_ = false;  // this open made wal/ (set once in OpenImpl, before any thread)  // not replayed (wal_recovery point_in_time)
   bool opened_from_checkpoint_ RF_GUARDED_BY(write_mu_) = false;
   // The CHECKPOINT on disk describes the committed state (loaded at open, nothing committed
   // since, or written by this close): close need not write it again.

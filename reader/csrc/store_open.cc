@@ -207,6 +207,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
   }
 
   wal_dir_ = StoreFileName(path, FileKind::kWalDir);
+  wal_dir_created_ = !fs::exists(wal_dir_, ec);
   fs::create_directories(wal_dir_, ec);
   if (ec) return Status::IOError("cannot create '" + wal_dir_ + "': " + ec.message());
   RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), true));
@@ -233,6 +234,15 @@ Status StoreImpl::LoadTables(uint32_t* max_pid) {
   bool found = false;
   RF_RETURN_IF_ERROR(meta_.LoadState(&pstate_, &found));
   opened_seq_ = pstate_.next_seq;
+  // The WAL directory is made before the first commit: a committed state without it means it
+  // was deleted, and with it whatever was logged but not yet flushed.
+  if (found && (o_.read_only ? !fs::exists(wal_dir_) : wal_dir_created_)) {
+    std::error_code ec;
+    if (wal_dir_created_) fs::remove(wal_dir_, ec);  // the empty one this open made: the next open says so too
+    return Status::Corruption("store '" + path_ + "': its WAL directory '" + wal_dir_ +
+                              "' is missing although the metadata holds committed state: items logged since the "
+                              "last flush are lost");
+  }
   if (!found && !o_.accounting) {
     // The state record is committed with the first feature and every flush: pages without
     // it mean RocksDB lost committed records (a damaged or truncated log or table), not a

@@ -31,6 +31,19 @@ def make_store(path: str, tables=TABLES, seed: int = 0) -> dict:
     return weights
 
 
+def tls_cert_and_tokens(tmp_path, token_line: str) -> tuple[str, str, str]:
+    """A self-signed certificate for localhost / 127.0.0.1 (the openssl command) and a 0600
+    token file holding `token_line`: (cert, key, token file)."""
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(token_line + "\n")
+    tokens.chmod(0o600)
+    return cert, key, str(tokens)
+
+
 def socket_dir() -> str:
     """A short private directory for Unix sockets (pytest's tmp_path can pass the 107-byte limit)."""
     return tempfile.mkdtemp(prefix="rfndp")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from ndputil import ServerProcess, make_store, socket_dir
+from ndputil import ServerProcess, make_store, socket_dir, tls_cert_and_tokens
 from recflash.ndp import EmbeddingStore, SlsEngine, SlsRequest
 from recflash.ndp.client import DeviceClient
 from recflash.ndp.server import NdpServer, ServerConfigError
@@ -360,18 +360,12 @@ def test_hot_rows_fill_from_served_lookups(store, sock):
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 def test_status_with_tls_ca(store, tmp_path):
     path, _ = store
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    tokens = tmp_path / "tokens"
-    tokens.write_text("read " + "r" * 24 + "\n")
-    tokens.chmod(0o600)
-    with NdpServer(path, "127.0.0.1:0", token_file=str(tokens), tls_cert=cert, tls_key=key) as srv:
-        r = _run("ndp", "status", srv.address, "--token-file", str(tokens), "--tls-ca", cert, "--json")
+    cert, key, tokens = tls_cert_and_tokens(tmp_path, "read " + "r" * 24)
+    with NdpServer(path, "127.0.0.1:0", token_file=tokens, tls_cert=cert, tls_key=key) as srv:
+        r = _run("ndp", "status", srv.address, "--token-file", tokens, "--tls-ca", cert, "--json")
         assert r.returncode == 0, r.stderr
         assert '"user"' in r.stdout and '"protocol": "recflash.ndp.v1"' in r.stdout
-        r = _run("ndp", "status", srv.address, "--token-file", str(tokens), "--tls-ca", str(tmp_path / "nope.pem"))
+        r = _run("ndp", "status", srv.address, "--token-file", tokens, "--tls-ca", str(tmp_path / "nope.pem"))
         assert r.returncode == 2 and "TLS CA file" in r.stderr and "Traceback" not in r.stderr, r.stderr
         r = _run("ndp", "status", srv.address, "--token-file", str(tokens), "--timeout", "3")  # plain: refused
         assert r.returncode != 0 and "Traceback" not in r.stderr

@@ -14,7 +14,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ndputil import socket_dir
+from ndputil import socket_dir, tls_cert_and_tokens
 from recflash.ndp import EmbeddingStore
 from recflash.ndp.client import DeviceClient
 from recflash.ndp.server import NdpServer
@@ -154,14 +154,8 @@ def test_tls_with_token(tmp_path):
     path = str(tmp_path / "s")
     model = _model()
     _export_tables(model, path)
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    tokens = tmp_path / "tokens"
-    tokens.write_text("write " + "k" * 24 + "\n")
-    tokens.chmod(0o600)
-    with NdpServer(path, "127.0.0.1:0", token_file=str(tokens), tls_cert=cert, tls_key=key) as srv:
+    cert, key, tokens = tls_cert_and_tokens(tmp_path, "write " + "k" * 24)
+    with NdpServer(path, "127.0.0.1:0", token_file=tokens, tls_cert=cert, tls_key=key) as srv:
         with DeviceClient(srv.address, "k" * 24, tls_ca=cert, timeout=TIMEOUT) as c:
             c.load_model("m", model)
             dense, kjt = _batch(np.random.default_rng(3), 8)

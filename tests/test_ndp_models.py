@@ -4,7 +4,6 @@ torchrec DLRM, pipelined submits, TLS. Each test starts and stops its own server
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest

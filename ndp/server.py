@@ -206,6 +206,22 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
+def _tcp_bind_problem(host: str, port: int) -> Optional[str]:
+    """Why binding host:port fails, in the OS's words (gRPC's own error only says "Failed to
+    bind"): an unknown host, an address not on this machine, a port in use."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return f"cannot resolve host '{host}': {e.strerror}"
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            try:
+                s.bind(addr)
+            except OSError as e:
+                return f"{e.strerror} (errno {e.errno})"
+    return None
+
+
 def _temp_socket_path(path: str) -> str:
     """A fresh name beside `path` (same directory, so it can be hard-linked there) to bind at;
     `path` itself when no such name fits the 107-byte limit."""
@@ -625,7 +641,8 @@ class NdpServer:
             try:
                 bound = self._server.add_secure_port(target, creds) if creds else self._server.add_insecure_port(target)
             except RuntimeError as e:
-                raise ServerConfigError(f"cannot listen on '{self.listen}': {e}") from None
+                why = _tcp_bind_problem(host, port) if kind == "tcp" else None
+                raise ServerConfigError(f"cannot listen on '{self.listen}': {why or e}") from None
             if kind == "unix":
                 self._socket_id = _publish_socket(bind_path, host)
         except BaseException:

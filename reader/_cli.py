@@ -230,4 +230,9 @@ def _stats_table(stats: dict[str, Any]) -> Table:
         if key == "write_amplification" and not stats.get("user_bytes_written"):
             text = "— (nothing written since open)"
         table.add_row(label, text)
+    if stats.get("buffered_items"):
+        # Puts and deletes replayed from the WAL (an unclean shutdown) are in no page yet: the
+        # item counts above are of the pages, and a scan applies these on top.
+        table.add_row("buffered writes (WAL, not flushed)",
+                      f"{int(stats['buffered_items']):,} — not in the item counts above")
     return table

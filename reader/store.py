@@ -301,13 +301,17 @@ def _to_arrow(values, default_type: pa.DataType, f: _Feature, infer: bool = Fals
     if infer:
         try:
             arr = pa.array(src)
-            if not pa.types.is_null(arr.type):  # all None: typed below
-                return arr
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-            pass  # mixed input: the typed build below reports it
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            arr = None  # mixed input: the typed build below reports it
+        if arr is not None and not pa.types.is_null(arr.type):  # all None: typed below
+            t = arr.type.value_type if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) else arr.type
+            # numbers only: a cast would parse strings ('1' -> 1) and take booleans as 0 / 1
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
+                raise SchemaError(f"feature '{f.name}' is {f.type}; got values of type {arr.type}")
+            return arr
     try:
         return pa.array(src, type=default_type)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
         raise SchemaError(f"feature '{f.name}' is {f.type}; cannot convert values: {e}") from None
 
 
@@ -316,7 +320,8 @@ def _keys(keys, what: str) -> np.ndarray:
         if keys.null_count:
             raise InvalidArgumentError(f"{what}: keys hold {keys.null_count} null(s)")
         keys = keys.to_numpy(zero_copy_only=False)
-    elif isinstance(keys, (list, tuple)) and keys and all(type(k) is int for k in keys):
+    elif isinstance(keys, (list, tuple)) and keys and all(
+            isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)) for k in keys):
         # Python ints above 2**63 - 1 make numpy infer float64 (rounding them): take them as
         # uint64, or name the one that is not a key.
         try:

@@ -96,9 +96,12 @@ def test_unknown_feature(store, op):
     ("emb", pa.FixedSizeListArray.from_arrays(pa.array(np.ones(8, dtype=np.float32)), 4)),
     ("hist", [[1.5], [2.7, 3.9]]),
     ("hist", [np.array([1.0, 2.5]), [1]]),
+    ("hist", [["1"], ["2"]]),
+    ("hist", [[True], [False]]),
+    ("hist", [[2**64], [1]]),
 ], ids=["float-str-list", "float-str-array", "float-lists", "float-2d", "int-float64",
         "int-float32", "emb-dim4", "emb-dim9", "emb-1d", "emb-arrow-dim4", "intlist-pyfloats",
-        "intlist-float-arrays"])
+        "intlist-float-arrays", "intlist-strings", "intlist-bools", "intlist-overflow"])
 def test_wrong_dtype_schema_error(store, feature, values):
     with pytest.raises(SchemaError) as ei:
         store.put(feature, keys_of(5, 6), values)
@@ -511,6 +514,7 @@ def test_python_int_keys_above_int64_and_null_keys(store):
     out-of-range ints and null Arrow keys are named."""
     store.put("count", [2**64 - 1, 2**63 + 5], [7, 8])
     assert store.get("count", [2**63 + 5, 2**64 - 1]).to_pylist() == [8, 7]
+    assert store.get("count", [np.uint64(2**64 - 1), 3]).to_pylist() == [7, None]
     with pytest.raises(InvalidArgumentError, match=r"keys must be in \[0, 2\*\*64\), got 18446744073709551616"):
         store.get("count", [2**64, 1])
     with pytest.raises(InvalidArgumentError, match="got -1"):
@@ -530,4 +534,14 @@ def test_deleted_wal_directory_fails_the_open(tmp_path):
     shutil.rmtree(os.path.join(path, "wal"))
     for ro in (False, True, False):
         with pytest.raises(CorruptionError, match="WAL directory"):
+            Store.open(path, read_only=ro)
+
+
+def test_deleted_first_wal_file_fails_the_open(tmp_path):
+    """The WAL file the metadata names as the first to replay is kept until a commit moves
+    past it, so its absence is damage even with no later file: synced records went with it."""
+    path, wal = _wal_store(tmp_path)
+    os.unlink(wal)
+    for ro in (True, False):
+        with pytest.raises(CorruptionError, match="it was deleted"):
             Store.open(path, read_only=ro)

@@ -448,3 +448,19 @@ def test_embedding_store_leaves_a_data_store_as_it_is(tmp_path):
         assert set(dict(s.features())) == {"rating", "emb/__tables__", "emb/user"}
     with Store.open(str(tmp_path / "s")) as s:
         assert list(EmbeddingStore(s).tables()) == ["user"]
+
+
+def test_tcp_port_in_use_is_named(store, tmp_path):
+    """A TCP address that cannot be bound says why (gRPC alone says only "Failed to bind")."""
+    import socket
+
+    path, _ = store
+    tokens = tmp_path / "tokens"
+    tokens.write_text("read " + "r" * 24 + "\n")
+    tokens.chmod(0o600)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ServerConfigError, match="Address already in use"):
+            NdpServer(path, f"127.0.0.1:{port}", token_file=str(tokens))

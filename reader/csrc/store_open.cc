@@ -212,6 +212,8 @@ Status StoreImpl::OpenImpl(const std::string& path) {
   if (ec) return Status::IOError("cannot create '" + wal_dir_ + "': " + ec.message());
   RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), true));
   pages_path_ = StoreFileName(path, FileKind::kPages);
+  if (fs::exists(pages_path_, ec) && !fs::is_regular_file(pages_path_, ec))
+    return Status::Corruption("store '" + path + "': '" + pages_path_ + "' is not a regular file");
   RF_RETURN_IF_ERROR(file_.Open(pages_path_, o_.page_size, o_.direct_io));
   // The entries of pages.dat, wal/ and meta/ in the store directory must be durable before
   // anything in them is: a power loss after a new store's first flush could otherwise leave
@@ -964,19 +966,21 @@ Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
   RF_RETURN_IF_ERROR(ListWalFiles(wal_dir_, &numbers));
   *max_number = 0;
   *start_empty = false;
-  // The wal_start file is kept until a commit moves past it, and a commit deletes only the
-  // files below its new wal_start: that file missing while later ones exist means the metadata
-  // is older than the WAL, i.e. it lost commits (a truncated RocksDB log). Their items were in
-  // the deleted files; replaying the later ones onto the old state would mix two states, and a
-  // writer would then reuse the slots of the lost commits' pages.
-  if (pstate_.wal_start_kept && !std::binary_search(numbers.begin(), numbers.end(), pstate_.wal_start) &&
-      !numbers.empty() && numbers.back() > pstate_.wal_start) {
+  // The wal_start file is kept until a commit moves past it (made durable before that commit
+  // names it), and a commit deletes only the files below its new wal_start. So it is never
+  // legitimately missing: with later files there, the metadata is older than the WAL, i.e. it
+  // lost commits (a truncated RocksDB log), whose items were in the deleted files — replaying
+  // the later ones onto the old state would mix two states, and a writer would then reuse the
+  // slots of the lost commits' pages; without, the file was deleted with what it logged.
+  if (pstate_.wal_start_kept && !std::binary_search(numbers.begin(), numbers.end(), pstate_.wal_start)) {
+    const bool later = !numbers.empty() && numbers.back() > pstate_.wal_start;
     const std::string msg = "store '" + path_ + "': the metadata names WAL file " +
-                            WalFileName(wal_dir_, pstate_.wal_start) + " as the first to replay, but it is missing "
-                            "while later WAL files exist";
+                            WalFileName(wal_dir_, pstate_.wal_start) + " as the first to replay, but it is missing" +
+                            (later ? " while later WAL files exist" : "");
     if (o_.read_only && WriterHoldsLock(path_))  // it may have committed past the snapshot's state since: retry
       return Status::Stale(msg + " (a writer moved on, or the metadata lost commits); reopen");
-    return Status::Corruption(msg + ": the metadata database lost commits (its log damaged or truncated)");
+    return Status::Corruption(msg + (later ? ": the metadata database lost commits (its log damaged or truncated)"
+                                           : ": it was deleted, and with it what was logged since the last flush"));
   }
   for (uint64_t no : numbers) {
     const std::string name = WalFileName(wal_dir_, no);

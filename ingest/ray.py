@@ -16,23 +16,40 @@ for batch in ds.iter_torch_batches(batch_size=4096, collate_fn=TorchRecCollate(p
   ``rows_per_task`` rows per task. The ranges are contiguous and disjoint and the first and
   last are open-ended, so every key (also one still in the write buffer) is read by exactly
   one task.
-- **Projection pushdown.** ``ds.select_columns([...])`` reaches the read: a task scans only
-  the selected features (``scan_many`` reads a page holding several of them once), so a model
-  that needs 8 of 39 features reads about 8/39 of the bytes.
+- **Projection pushdown.** ``ds.select_columns([...])`` reaches the read: a task returns only
+  the selected columns. As with any ``select_columns`` the rows do not change: they stay the
+  union of the keys of every feature the dataset was made with, so a feature the projection
+  drops is still scanned for its keys (``scan_many`` reads a page holding several features
+  once). To read fewer bytes, pass fewer ``features`` to ``read_store`` (a model that needs 8
+  of 39 features then reads about 8/39 of the bytes).
 - **Blocks** are Arrow tables: ``key`` (uint64, ascending) and one column per feature (null
   where a feature lacks the key), exactly what ``Store.scan_many`` returns.
+- **Row counts.** A task's row figure comes from one feature's page item counts (an
+  estimate: other features' keys are not in it, older versions of updated keys are), so the
+  tasks report their rows as unknown to Ray and ``count()`` reads; the byte size stays an
+  estimate for Ray's planning.
 - **Snapshots.** Each read task opens the store read-only (no lock; many processes at once,
   also alongside a writer) and reads the snapshot of its open. If a writer rewrites a page the
   task's snapshot names, the engine raises ``StaleSnapshotError`` instead of returning other
-  data; the task then reopens once and reads the newer snapshot. Tasks of one dataset can
-  therefore see different snapshots while a writer is active; with no writer (the usual
-  between-epochs update) they all see the same data.
+  data; the task then reopens and reads the newer snapshot. The same holds when the open itself
+  meets a writer moving on (``StaleSnapshotError`` at open, or a WAL file the writer retired
+  while the open read the WAL directory). Up to ``OPEN_RETRIES`` (10) reopens with a short
+  backoff, then one ``StaleSnapshotError`` that says the writer outran the read. Tasks of one
+  dataset can therefore see different snapshots while a writer is active; with no writer (the
+  usual between-epochs update) they all see the same data.
+- **Arguments** are checked in the driver when ``read_store`` / ``RecFlashDatasource`` is
+  called (``InvalidArgumentError`` naming the argument and value); a ``select_columns`` name
+  the dataset lacks is ``ColumnSelectionError`` when Ray plans the read.
 """
 
 from __future__ import annotations
 
+import errno
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+import os
+import re
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -40,18 +57,71 @@ import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.collate_fn import ArrowBatchCollateFn
 from ray.data.datasource import Datasource, ReadTask
+from ray.exceptions import UserCodeException
 
+try:  # the placeholder column Ray Data's own readers put into zero-column blocks
+    from ray.data._internal.arrow_block import _BATCH_SIZE_PRESERVING_STUB_COL_NAME as _STUB
+except ImportError:  # pragma: no cover - a Ray without it
+    _STUB = "__bsp_stub"
+
+from recflash.ingest.preprocess import Preprocessor, check_key_range, check_positive_int
 from recflash.reader import Store, StoreOptions
 from recflash.reader.store import parse_value_type
-from recflash.reader.errors import InvalidArgumentError, StaleSnapshotError
+from recflash.reader.errors import IOError_, InvalidArgumentError, StaleSnapshotError
 
 KEY = "key"
 _MAX_KEY = (1 << 64) - 1
 KeyRange = Optional[Tuple[int, Optional[int]]]
+T = TypeVar("T")
+
+#: Read-only opens (and the read after each) retried while a writer moves the store on under
+#: them (StaleSnapshotError, or a WAL file the writer deleted during the open); then one error.
+OPEN_RETRIES = 10
+_RETRY_DELAY = 0.01  # seconds before the first retry, doubled up to _RETRY_DELAY_MAX
+_RETRY_DELAY_MAX = 0.2
+
+
+class ColumnSelectionError(InvalidArgumentError, UserCodeException):
+    """``select_columns`` named a column the dataset does not have. Raised while Ray plans the
+    dataset (the projection pushdown); also a ``UserCodeException`` so that Ray reports it as
+    the caller's error, not as an internal error of Ray Data."""
 
 
 def _open_ro(path: str) -> Store:
     return Store.open(path, StoreOptions(read_only=True))
+
+
+def _vanished_wal_file(e: BaseException) -> bool:
+    """An open failed because a WAL file it listed is gone: the writer retired it meanwhile."""
+    if not isinstance(e, IOError_) or getattr(e, "errno", None) != errno.ENOENT:
+        return False
+    m = re.search(r"failed on '([^']*)'", str(e))
+    return m is not None and os.path.basename(os.path.dirname(m.group(1))) == "wal"
+
+
+def _with_snapshot(path: str, fn: Callable[[Store], T], what: str) -> T:
+    """``fn(store)`` on a fresh read-only open of ``path``. If a writer moves the store on
+    under the open or the read (StaleSnapshotError, or a WAL file deleted during the open),
+    reopens and retries up to OPEN_RETRIES times with a short backoff, then raises one
+    StaleSnapshotError that says so. Nothing read from a stale snapshot is returned."""
+    delay = _RETRY_DELAY
+    last: Optional[BaseException] = None
+    for attempt in range(OPEN_RETRIES + 1):
+        if attempt:
+            time.sleep(delay)
+            delay = min(2 * delay, _RETRY_DELAY_MAX)
+        try:
+            with _open_ro(path) as store:
+                return fn(store)
+        except StaleSnapshotError as e:
+            last = e
+        except IOError_ as e:
+            if not _vanished_wal_file(e):
+                raise
+            last = e
+    raise StaleSnapshotError(f"{what}: store '{path}' changed under each of {OPEN_RETRIES + 1} read-only opens "
+                             f"(a writer rewrites it faster than this read completes; retry when it is idle). "
+                             f"Last: {last}") from last
 
 
 def _arrow_type(type_str: str) -> pa.DataType:
@@ -88,8 +158,8 @@ def split_key_range(ranges: Dict[str, np.ndarray], rows_per_task: int, key_range
     ``rows_per_task`` items. ``ranges`` is ``Store.key_ranges(feature)`` of the feature that
     drives the split. Returns (lo, hi, estimated rows) per task; the ranges are contiguous,
     disjoint and cover [lo, hi) whole."""
-    lo = 0 if key_range is None else int(key_range[0])
-    hi = None if key_range is None or key_range[1] is None else int(key_range[1])
+    lo, hi = check_key_range(key_range, "split_key_range")
+    rows_per_task = check_positive_int(rows_per_task, "rows_per_task", "split_key_range")
     mins = np.asarray(ranges["min_key"], dtype=np.uint64)
     maxs = np.asarray(ranges["max_key"], dtype=np.uint64)
     items = np.asarray(ranges["items"], dtype=np.float64)
@@ -99,7 +169,7 @@ def split_key_range(ranges: Dict[str, np.ndarray], rows_per_task: int, key_range
     b = np.minimum(maxs.astype(np.float64) + 1.0, float(hi) if hi is not None else math.inf)
     inside = np.clip(b - a, 0.0, None) / span * items
     total = float(inside.sum())
-    n_tasks = max(1, int(math.ceil(total / max(1, rows_per_task))))
+    n_tasks = max(1, int(math.ceil(total / rows_per_task)))
     if max_tasks is not None:
         n_tasks = min(n_tasks, max(1, max_tasks))
     target = total / n_tasks
@@ -125,62 +195,87 @@ def split_key_range(ranges: Dict[str, np.ndarray], rows_per_task: int, key_range
 class RecFlashDatasource(Datasource):
     """A ``ray.data.Datasource`` over a recflash store (see the module docstring).
 
-    store_path: the store directory. features: the features to read (default: all, in creation
-    order). key_range: (lo, hi) half-open, hi None for no upper bound. rows_per_task: about
-    this many rows per read task (None: split into the ``parallelism`` Ray asks for).
+    store_path: the store directory. features: a list of the features to read (default: all,
+    in creation order). key_range: (lo, hi) half-open, hi None for no upper bound.
+    rows_per_task: about this many rows per read task (None: split into the ``parallelism``
+    Ray asks for). Every argument is checked here, in the driver (InvalidArgumentError).
     """
 
     def __init__(self, store_path: str, features: Optional[Sequence[str]] = None, key_range: KeyRange = None,
                  rows_per_task: Optional[int] = 1 << 18):
         super().__init__()
-        self._path = str(store_path)
-        if rows_per_task is not None and int(rows_per_task) < 1:
-            raise InvalidArgumentError(f"rows_per_task must be >= 1, got {rows_per_task}")
-        self._rows_per_task = None if rows_per_task is None else int(rows_per_task)
-        if key_range is not None:
-            lo, hi = key_range
-            if int(lo) < 0 or (hi is not None and int(hi) < int(lo)):
-                raise InvalidArgumentError(f"key_range {key_range!r} must satisfy 0 <= lo <= hi")
-        self._key_range = key_range
-        with _open_ro(self._path) as store:
-            types = store.features()
-            if features is None:
-                features = list(types)
-            features = list(features)
-            if not features:
-                raise InvalidArgumentError(f"RecFlashDatasource over '{self._path}': no features to read")
+        what = "read_store"
+        if not isinstance(store_path, (str, os.PathLike)):
+            raise InvalidArgumentError(f"{what}: store_path must be a path, got {store_path!r}")
+        self._path = os.fspath(store_path)
+        self._rows_per_task = None if rows_per_task is None else check_positive_int(rows_per_task, "rows_per_task",
+                                                                                   what)
+        self._key_range = check_key_range(key_range, what)
+        if features is not None:
+            if isinstance(features, (str, bytes)):
+                raise InvalidArgumentError(f"{what}: features must be a list of feature names, got the string "
+                                           f"{features!r} (did you mean [{features!r}]?)")
+            try:
+                features = list(features)
+            except TypeError:
+                raise InvalidArgumentError(f"{what}: features must be a list of feature names, got {features!r}") \
+                    from None
             for f in features:
-                if f == KEY:
-                    raise InvalidArgumentError(f"'{KEY}' is the key column of store '{self._path}', not a feature")
-                if f not in types:
-                    raise InvalidArgumentError(f"unknown feature '{f}' in store '{self._path}' "
-                                               f"(known: {', '.join(list(types)[:8])}{', ...' if len(types) > 8 else ''})")
-            if len(set(features)) != len(features):
-                raise InvalidArgumentError(f"duplicate feature names in {features}")
-            self._features = features
-            self._types = {f: _arrow_type(types[f]) for f in features}
-            self._ranges = {f: store.key_ranges(f) for f in features}
+                if not isinstance(f, str):
+                    raise InvalidArgumentError(f"{what}: features must be a list of feature names (strings), "
+                                               f"got {f!r} in {features!r}")
+
+        def load(store: Store):
+            types = store.features()
+            wanted = list(types) if features is None else [f for f in dict.fromkeys(features) if f in types]
+            return types, {f: store.key_ranges(f) for f in wanted}
+
+        types, ranges = _with_snapshot(self._path, load, f"RecFlashDatasource over '{self._path}'")
+        if features is None:
+            features = list(types)
+        if not features:
+            raise InvalidArgumentError(f"RecFlashDatasource over '{self._path}': no features to read")
+        for f in features:
+            if f == KEY:
+                raise InvalidArgumentError(f"'{KEY}' is the key column of store '{self._path}', not a feature")
+            if f not in types:
+                raise InvalidArgumentError(f"unknown feature '{f}' in store '{self._path}' "
+                                           f"(known: {', '.join(list(types)[:8])}{', ...' if len(types) > 8 else ''})")
+        if len(set(features)) != len(features):
+            raise InvalidArgumentError(f"duplicate feature names in {features}")
+        self._features = features
+        self._types = {f: _arrow_type(types[f]) for f in features}
+        self._ranges = {f: ranges[f] for f in features}
         self._projection_map: Optional[Dict[str, str]] = None
 
     # -- projection pushdown (Ray 2.60: supports_projection_pushdown / apply_projection) -----
     def supports_projection_pushdown(self) -> bool:
         return True
 
+    def apply_projection(self, projection_map: Optional[Dict[str, str]]) -> "RecFlashDatasource":
+        """``select_columns`` reaching the read: the names are checked here (Ray calls this in
+        the driver while it plans the dataset), a name the dataset lacks is ColumnSelectionError."""
+        if projection_map is not None:
+            known = [KEY] + self._features
+            unknown = [c for c in projection_map if c not in known]
+            if unknown:
+                raise ColumnSelectionError(f"select_columns: no column(s) {unknown} in the dataset read from store "
+                                           f"'{self._path}' (columns: {', '.join(known)})")
+        return super().apply_projection(projection_map)
+
     def _columns(self) -> List[str]:
         """Output columns in order: the projection's, else key + every feature."""
         cols = self._get_data_columns()
         if cols is None:
             return [KEY] + self._features
-        for c in cols:
-            if c != KEY and c not in self._types:
-                raise InvalidArgumentError(f"column '{c}' is not among the features read from store "
-                                           f"'{self._path}' ({', '.join([KEY] + self._features)})")
         return list(cols)
 
     def _scan_features(self, columns: List[str]) -> List[str]:
-        feats = [c for c in columns if c != KEY]
-        # Only the key asked for: the rows are still the union of every feature's keys.
-        return feats or list(self._features)
+        """The features a read task scans: always every feature of the dataset. A projection
+        never changes the rows, which are the union of all these features' keys (null where
+        one lacks a key), so a feature the projection drops is still scanned for its keys; the
+        task returns only the projected columns. Pass fewer ``features`` to read fewer bytes."""
+        return list(self._features)
 
     # -- Datasource API --------------------------------------------------------------------
     def get_name(self) -> str:
@@ -188,6 +283,8 @@ class RecFlashDatasource(Datasource):
 
     def schema(self) -> pa.Schema:
         cols = self._columns()
+        if not cols:  # select_columns([]) / count(): rows without columns, see _read_range
+            return pa.schema([pa.field(_STUB, pa.null())])
         return pa.schema([pa.field(c, pa.uint64() if c == KEY else self._types[c]) for c in cols])
 
     def _driver_feature(self, feats: List[str]) -> str:
@@ -200,17 +297,18 @@ class RecFlashDatasource(Datasource):
             return split_key_range(ranges, self._rows_per_task, self._key_range)
         total = float(np.asarray(ranges["items"], dtype=np.float64).sum())
         per = max(1, int(math.ceil(total / max(1, parallelism))))
-        return split_key_range(ranges, per, self._key_range, max_tasks=parallelism)
+        return split_key_range(ranges, per, self._key_range, max_tasks=max(1, parallelism))
 
     def num_read_tasks(self) -> int:
-        """The number of read tasks ``rows_per_task`` gives (before any projection)."""
+        """The number of read tasks ``rows_per_task`` gives."""
         return len(self._splits(1))
 
     def estimate_inmemory_data_size(self) -> Optional[int]:
         return sum(n for _, _, n in self._splits(1)) * self._row_bytes()
 
     def _row_bytes(self) -> int:
-        return sum(8 if c == KEY else _row_bytes(self._types[c]) for c in self._columns())
+        # at least 1: Ray reads an estimated size of 0 as an empty dataset
+        return max(1, sum(8 if c == KEY else _row_bytes(self._types[c]) for c in self._columns()))
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: Optional[int] = None,
                        data_context: Any = None) -> List[ReadTask]:
@@ -221,7 +319,11 @@ class RecFlashDatasource(Datasource):
         path = self._path
         tasks = []
         for lo, hi, rows in self._splits(parallelism):
-            meta = BlockMetadata(num_rows=rows, size_bytes=rows * row_bytes, input_files=None, exec_stats=None)
+            # num_rows=None: the split's row figure is an estimate (the page item counts of one
+            # feature: other features' keys are not in it, stale versions are), and Ray takes a
+            # known num_rows as exact (count() would return it without reading). The byte size
+            # stays an estimate, which is what Ray uses it as.
+            meta = BlockMetadata(num_rows=None, size_bytes=rows * row_bytes, input_files=None, exec_stats=None)
             tasks.append(ReadTask(
                 lambda lo=lo, hi=hi: _read_range(path, feats, columns, lo, hi),
                 meta, schema=schema, per_task_row_limit=per_task_row_limit))
@@ -229,24 +331,24 @@ class RecFlashDatasource(Datasource):
 
 
 def _read_range(path: str, feats: List[str], columns: List[str], lo: int, hi: Optional[int]) -> Iterable[pa.Table]:
-    """One read task: a read-only open, one scan_many of [lo, hi), the projected columns."""
-    for attempt in (0, 1):
-        store = _open_ro(path)
-        try:
-            table = store.scan_many(feats, key_range=(lo, hi))
-            break
-        except StaleSnapshotError:
-            if attempt:
-                raise
-        finally:
-            store.close()
+    """One read task: a read-only open, one scan_many of [lo, hi) over every feature of the
+    dataset, the projected columns. Retried on a fresh open while a writer moves the store on
+    under it (see _with_snapshot)."""
+    table = _with_snapshot(path, lambda store: store.scan_many(feats, key_range=(lo, hi)),
+                           f"read task [{lo}, {'end' if hi is None else hi})")
+    if not columns:
+        # An empty projection (count(), select_columns([])) still has the rows: a table without
+        # columns would lose its row count in Ray's concatenation, so it carries Ray Data's
+        # null placeholder column, as Ray's own readers do.
+        return [pa.table({_STUB: pa.nulls(table.num_rows)})]
     return [table.select(columns)]
 
 
 def read_store(store_path: str, features: Optional[Sequence[str]] = None, *, key_range: KeyRange = None,
                rows_per_task: Optional[int] = 1 << 18, **ray_args: Any) -> "ray.data.Dataset":
     """``ray.data.read_datasource(RecFlashDatasource(...), **ray_args)``: a Dataset of Arrow
-    blocks with ``key`` and one column per feature."""
+    blocks with ``key`` and one column per feature. The arguments are checked here, in the
+    driver (InvalidArgumentError naming the argument and its value)."""
     ds = RecFlashDatasource(store_path, features=features, key_range=key_range, rows_per_task=rows_per_task)
     if rows_per_task is not None and "override_num_blocks" not in ray_args:
         # One block per read task. Left to itself, Ray asks for about one block per MiB of
@@ -264,18 +366,18 @@ class TorchRecCollate(ArrowBatchCollateFn):
     pass per column, no per-row Python. The output is not a plain tensor batch, so Ray leaves
     device placement to the caller (``batch.to(device)``)."""
 
-    def __init__(self, preprocessor: Any):
+    def __init__(self, preprocessor: Preprocessor):
+        if not isinstance(preprocessor, Preprocessor):
+            raise InvalidArgumentError(f"TorchRecCollate needs a recflash.ingest.Preprocessor, got "
+                                       f"{type(preprocessor).__name__} {preprocessor!r}")
         super().__init__()
         self.preprocessor = preprocessor
         self._needed = list(preprocessor.features)
 
     def __call__(self, batch: pa.Table) -> Any:
-        have = set(batch.column_names)
-        missing = [c for c in self._needed if c not in have]
-        if missing:
-            raise InvalidArgumentError(f"TorchRecCollate: the batch lacks column(s) {missing} that the preprocessor "
-                                       f"needs (batch has {batch.column_names}); read them from the store")
+        # Columns and their types per role (dense / sparse / label), checked before any conversion.
+        self.preprocessor.check_schema(batch.schema, "TorchRecCollate")
         return self.preprocessor(batch)
 
 
-__all__ = ["RecFlashDatasource", "read_store", "TorchRecCollate", "split_key_range"]
+__all__ = ["RecFlashDatasource", "read_store", "TorchRecCollate", "split_key_range", "ColumnSelectionError"]

@@ -18,6 +18,23 @@ if _here not in sys.path:  # storeutil lives next to this file
 from storeutil import small_options  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def cluster():
+    """One local Ray cluster for every test module that reads through Ray: a second ray.init()
+    in the same process after a shutdown sometimes never got its raylet up (the node timed out
+    during startup), failing every test of the later module."""
+    import ray
+
+    # (ignore_reinit_error: a test that read through Ray without the fixture started one already)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             ignore_reinit_error=True)
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture
 def store_path(tmp_path):
     """A path where a new store gets created (does not exist yet)."""

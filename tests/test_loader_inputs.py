@@ -29,18 +29,6 @@ MAX = (1 << 64) - 1
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """Features with different key sets (so the rows of a read are a union) and updated keys
     (so page item counts include older versions): what makes a split's row estimate inexact.

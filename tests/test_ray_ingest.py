@@ -84,18 +84,6 @@ def test_own_ray_init_from_repository_root(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A Criteo-like store made with the import code (label, I1..I13, C1..C26; some empties)."""
     from recflash.ingest import ImportOptions, SyntheticSource, run_import

@@ -89,7 +89,9 @@ def check_key_range(key_range: Any, what: str) -> tuple[int, Optional[int]]:
     return lo, hi
 
 
-def _names(value: Any, arg: str, what: str = "Preprocessor") -> list[str]:
+def check_names(value: Any, arg: str, what: str = "Preprocessor") -> list[str]:
+    """`value` as a list of distinct, non-empty feature names (a lone string is refused: it is
+    not a list of its characters)."""
     if isinstance(value, (str, bytes)):
         raise InvalidArgumentError(f"{what}: {arg} must be a list of feature names, got the string {value!r} "
                                    f"(did you mean [{value!r}]?)")
@@ -172,8 +174,8 @@ class Preprocessor:
                  table_sizes: TableSizes = None, hash_ids: bool = False, dense_fill: float = 0.0,
                  sparse_fill: Optional[int] = 0, label_fill: float = 0.0,
                  dense_transform: Optional[str] = "log1p"):
-        self.dense = _names(dense, "dense")
-        self.sparse = _names(sparse, "sparse")
+        self.dense = check_names(dense, "dense")
+        self.sparse = check_names(sparse, "sparse")
         if label is not None and (not isinstance(label, str) or not label):
             raise InvalidArgumentError(f"Preprocessor: label must be a feature name or None, got {label!r}")
         self.label = label

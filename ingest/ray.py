@@ -64,7 +64,7 @@ try:  # the placeholder column Ray Data's own readers put into zero-column block
 except ImportError:  # pragma: no cover - a Ray without it
     _STUB = "__bsp_stub"
 
-from recflash.ingest.preprocess import Preprocessor, check_key_range, check_positive_int
+from recflash.ingest.preprocess import Preprocessor, check_key_range, check_names, check_positive_int
 from recflash.reader import Store, StoreOptions
 from recflash.reader.store import parse_value_type
 from recflash.reader.errors import IOError_, InvalidArgumentError, StaleSnapshotError
@@ -212,18 +212,7 @@ class RecFlashDatasource(Datasource):
                                                                                    what)
         self._key_range = check_key_range(key_range, what)
         if features is not None:
-            if isinstance(features, (str, bytes)):
-                raise InvalidArgumentError(f"{what}: features must be a list of feature names, got the string "
-                                           f"{features!r} (did you mean [{features!r}]?)")
-            try:
-                features = list(features)
-            except TypeError:
-                raise InvalidArgumentError(f"{what}: features must be a list of feature names, got {features!r}") \
-                    from None
-            for f in features:
-                if not isinstance(f, str):
-                    raise InvalidArgumentError(f"{what}: features must be a list of feature names (strings), "
-                                               f"got {f!r} in {features!r}")
+            features = check_names(features, "features", what)
 
         def load(store: Store):
             types = store.features()
@@ -241,8 +230,6 @@ class RecFlashDatasource(Datasource):
             if f not in types:
                 raise InvalidArgumentError(f"unknown feature '{f}' in store '{self._path}' "
                                            f"(known: {', '.join(list(types)[:8])}{', ...' if len(types) > 8 else ''})")
-        if len(set(features)) != len(features):
-            raise InvalidArgumentError(f"duplicate feature names in {features}")
         self._features = features
         self._types = {f: _arrow_type(types[f]) for f in features}
         self._ranges = {f: ranges[f] for f in features}

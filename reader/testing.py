@@ -8,7 +8,8 @@ relaxed atomic load per I/O call while off.
 ...     store.sync()          # raises IOError_ naming fdatasync and the WAL file
 
 Kinds (site classes): page_write, page_read, page_sync, wal_append, wal_sync, fallocate,
-punch_hole, meta_commit, checkpoint_write, ring_submit.
+punch_hole, meta_commit, checkpoint_write, ring_submit, wal_open (a WAL file opened for replay;
+errno=ENOENT there is a listed file retired before its open).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def kill_point_hits() -> dict[str, int]:
 def arm_pause_point(name: str) -> None:
     """Hold the first thread that reaches pause point `name` until release_pause() (or
     disarm()): a test makes a race happen by changing the store meanwhile. Points:
-    "scan.before_index_copy" (a scan's reads are in flight, its key index copy not taken)."""
+    "scan.before_index_copy" (a scan's reads are in flight, its key index copy not taken);
+    "wal.replay.before_open" (an open listed the WAL files and is about to open one for replay)."""
     _t.arm_pause_point(name)
 
 

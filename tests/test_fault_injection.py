@@ -5,17 +5,20 @@ RocksDB metadata commit, checkpoint write, io_uring submit) and errno (EIO, ENOS
 failing call raises a clear RecflashError subclass naming the operation and the path
 (DiskFullError for ENOSPC), nothing acknowledged (synced) is lost, a write error leaves the
 store refusing further writes (as RocksDB does) with the same error, and after the fault
-clears the store reopens with every synced item.
+clears the store reopens with every synced item. A WAL file missing at its open for replay
+(ENOENT) is a stale snapshot for a read-only open and an I/O error for a writable one.
 """
 
 from __future__ import annotations
 
 import errno
+import os
+import re
 
 import numpy as np
 import pytest
 
-from recflash.reader import DiskFullError, RecflashError, Store, testing
+from recflash.reader import DiskFullError, RecflashError, StaleSnapshotError, Store, StoreOptions, testing
 from recflash.reader.errors import IOError_
 from storeutil import small_options
 
@@ -202,6 +205,48 @@ def test_read_fault(store_path, kind, words):
     s.sync()
     mi[1] = 5
     s.close()
+    _check(store_path, mi, mb)
+
+
+def _wal_file_named(msg, store_path):
+    """The WAL file path an error message names (it must name one of the store's)."""
+    m = re.search(re.escape(os.path.join(store_path, "wal")) + r"/\d+\.log", msg)
+    assert m, f"no WAL file of {store_path} named in {msg!r}"
+    return m.group(0)
+
+
+def test_wal_file_gone_at_its_open_is_stale_for_a_read_only_open(store_path):
+    """A WAL file the open listed but cannot open for replay (ENOENT: a writer retired it in
+    between) makes a read-only open's snapshot stale: StaleSnapshotError naming the file, after
+    the engine's own reopens; one such miss is absorbed by them. A writable open holds the LOCK
+    (nobody else may retire its files): there the same miss stays an I/O error, not Stale."""
+    s, mi, mb = _populate(store_path)  # the writer stays open: its synced items are only in the WAL
+    testing.arm("wal_open", nth=1, errno=errno.ENOENT, sticky=True, path="/wal/")
+    with pytest.raises(StaleSnapshotError) as ei:
+        Store.open(store_path, StoreOptions(read_only=True))
+    msg = str(ei.value)
+    assert not isinstance(ei.value, IOError_), repr(ei.value)
+    wal = _wal_file_named(msg, store_path)
+    assert os.path.exists(wal)  # only hidden from the open by the fault
+    assert "read-only open" in msg and "retired it during the open" in msg and "reopen" in msg, msg
+    assert testing.calls("wal_open") > 1  # the engine reopened before giving up
+    testing.disarm()
+    # Gone at one open only: the engine's reopen reads the (here unchanged) newer state.
+    testing.arm("wal_open", nth=1, errno=errno.ENOENT, path="/wal/")
+    with Store.open(store_path, StoreOptions(read_only=True)) as r:
+        t = r.scan("i")
+        assert t.column("value").to_pylist() == [mi[k] for k in sorted(mi)]
+    assert testing.calls("wal_open") >= 2
+    testing.disarm()
+    s.close()
+    testing.arm("wal_open", nth=1, errno=errno.ENOENT, sticky=True, path="/wal/")
+    with pytest.raises(IOError_) as ei:
+        Store.open(store_path, _opts())
+    assert not isinstance(ei.value, StaleSnapshotError) and ei.value.errno == errno.ENOENT, repr(ei.value)
+    assert "open" in str(ei.value)
+    _wal_file_named(str(ei.value), store_path)
+    assert testing.calls("wal_open") == 1  # no reopen: a writable open is not retried
+    testing.disarm()
     _check(store_path, mi, mb)
 
 

@@ -1,8 +1,10 @@
 """Read-only store handles: many readers (threads, processes) at once and alongside a writer,
-snapshot semantics, stale-page detection, key ranges for splitting scans."""
+snapshot semantics, stale-page detection, key ranges for splitting scans, and a WAL file a
+writer retires while a read-only open replays the WAL."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import os
 
@@ -239,3 +241,107 @@ def test_read_only_threads_scan_while_the_checkpoint_index_loads(store_path):
     assert not errors and len(results) == 12 and all(results)
     assert r.stats()["opened_from_checkpoint"] is True
     r.close()
+
+
+# -- a WAL file retired between an open's listing of wal/ and its replay of that file ------------
+def _wal_files(path):
+    wal = os.path.join(path, "wal")
+    return sorted(os.path.join(wal, f) for f in os.listdir(wal))
+
+
+def _open_held_before_wal_replay(path, options, change):
+    """Store.open(path, options) in a thread, held at the pause point where it has listed the
+    WAL files and is about to open one for replay; `change()` runs meanwhile. Returns the store
+    (or the exception the open raised) and how many WAL files the open(s) opened for replay."""
+    import threading
+
+    from recflash.reader import testing
+
+    out = {}
+
+    def run():
+        try:
+            out["store"] = Store.open(path, options)
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            out["err"] = e
+
+    testing.disarm()
+    testing.arm("wal_open", nth=1 << 40)  # counts the WAL files opened for replay, fails none
+    testing.arm_pause_point("wal.replay.before_open")
+    t = threading.Thread(target=run)
+    try:
+        t.start()
+        assert testing.wait_paused(30), "the open never reached its WAL replay"
+        change()
+    finally:
+        testing.release_pause()
+        t.join(60)
+        opened = testing.calls("wal_open")
+        testing.disarm()
+    assert not t.is_alive()
+    return out.get("store", out.get("err")), opened
+
+
+def test_wal_file_retired_by_the_writer_during_a_read_only_open(store_path):
+    """The writer flushes (committing a new WAL start and deleting the file) while a read-only
+    open has listed that file but not opened it yet. The open's snapshot is stale, not damaged:
+    the engine reopens and returns the newer state (before, this was an IOError naming the
+    vanished file)."""
+    w, k = _fill(store_path)
+    w.put("a", k[:10], np.full(10, -1.0, np.float32))  # only in the WAL file the open will list
+    w.sync()
+    listed = [f for f in _wal_files(store_path) if os.path.getsize(f)]
+    assert len(listed) == 1, listed
+
+    def writer_moves_on():
+        w.put("a", k, np.full(len(k), -2.0, np.float32))  # enough to flush (a few items stay pinned)
+        w.flush()  # pages committed past the listed file, which it then deletes
+        assert not os.path.exists(listed[0])
+
+    r, opened = _open_held_before_wal_replay(store_path, StoreOptions(read_only=True), writer_moves_on)
+    assert isinstance(r, Store), repr(r)
+    assert opened >= 2  # the vanished file, then the reopen's WAL
+    assert r.get("a", k[:12]).to_pylist() == [-2.0] * 12  # the newer snapshot
+    assert r.scan_many(["a", "b", "h"]).equals(w.scan_many(["a", "b", "h"]))
+    r.close()
+    w.close()
+
+
+_WAL_ONLY_CHILD = r"""
+import os, sys
+import numpy as np
+from recflash.reader import Store, StoreOptions
+s = Store.open(sys.argv[1], StoreOptions(page_size=4096, write_buffer_bytes=256 << 10))
+s.create_feature("x", "int64")
+s.put("x", np.arange(100, dtype=np.uint64), np.zeros(100, np.int64))
+s.flush()
+s.put("x", np.arange(10, dtype=np.uint64), np.ones(10, np.int64))
+s.sync()
+os._exit(0)  # no close: the last put is only in the WAL, and no writer holds the LOCK
+"""
+
+
+@pytest.mark.parametrize("ro", [True, False], ids=["read-only", "writable"])
+def test_wal_file_deleted_during_an_open_with_no_writer(store_path, ro):
+    """The same file vanishing with no writer: a read-only open takes it as stale and reopens,
+    and the reopen finds the metadata's first WAL file missing with nobody holding the LOCK,
+    which stays CorruptionError (it was deleted with what it logged). A writable open holds the
+    LOCK, so the vanished file is an I/O error naming it, never Stale."""
+    import subprocess
+    import sys
+
+    from recflash.reader import CorruptionError
+    from recflash.reader.errors import IOError_
+
+    subprocess.run([sys.executable, "-P", "-c", _WAL_ONLY_CHILD, store_path], check=True, timeout=120)
+    listed = [f for f in _wal_files(store_path) if os.path.getsize(f)]
+    assert len(listed) == 1, listed
+    err, opened = _open_held_before_wal_replay(store_path, _opts(read_only=ro), lambda: os.unlink(listed[0]))
+    if ro:
+        assert isinstance(err, CorruptionError) and not isinstance(err, StaleSnapshotError), repr(err)
+        assert "it was deleted" in str(err) and listed[0] in str(err), str(err)
+        assert opened == 1  # the reopen failed at its listing, before opening any file
+    else:
+        assert isinstance(err, IOError_) and not isinstance(err, StaleSnapshotError), repr(err)
+        assert err.errno == errno.ENOENT and listed[0] in str(err), str(err)
+        assert opened == 1

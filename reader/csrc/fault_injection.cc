@@ -21,7 +21,8 @@ std::atomic<bool> g_active{false};
 namespace {
 
 constexpr const char* kKindNames[] = {"page_write", "page_read",  "page_sync",   "wal_append",       "wal_sync",
-                                      "fallocate",  "punch_hole", "meta_commit", "checkpoint_write", "ring_submit"};
+                                      "fallocate",  "punch_hole", "meta_commit", "checkpoint_write", "ring_submit",
+                                      "wal_open"};
 static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == static_cast<size_t>(Kind::kCount));
 
 // Every RF_KILL_POINT / KillPointDue name in the engine, in the order of a flush.

@@ -31,6 +31,7 @@ enum class Kind : int {
   kMetaCommit,      // RocksDB write batch (sync) committing the metadata
   kCheckpointWrite, // clean-shutdown checkpoint and block-checksum files
   kRingSubmit,      // io_uring_submit itself
+  kWalOpen,         // open of a WAL file for replay (ENOENT: a file listed, then retired)
   kCount
 };
 const char* KindName(Kind k);

@@ -989,22 +989,9 @@ Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
       if (!o_.read_only) ::unlink(name.c_str());  // its items are in committed pages
       continue;
     }
-    std::error_code ec;
-    if (!fs::exists(name, ec) && o_.read_only)
-      return Status::Stale("store '" + path_ + "': WAL file '" + name + "' was retired by a writer during the "
-                           "read-only open; reopen");
-    if (fs::file_size(name, ec) == 0 && !ec) {
-      // Holds nothing (e.g. the fresh file of a session that wrote nothing). The wal_start
-      // file stays (see above); the session reuses it when it is the last.
-      if (no == pstate_.wal_start) {
-        *start_empty = true;
-      } else if (!o_.read_only) {
-        ::unlink(name.c_str());
-      }
-      continue;
-    }
+    RF_PAUSE_POINT("wal.replay.before_open");  // listed, not yet opened: tests retire it here
     WalReadEnd end;
-    RF_RETURN_IF_ERROR(ReadWalFile(
+    Status read = ReadWalFile(
         name,
         [&](uint8_t type, const std::string& p) RF_REQUIRES(write_mu_) -> Status {
           if (type != kWalBatch) return Status::Corruption("unknown WAL record type in '" + name + "'");
@@ -1018,13 +1005,37 @@ Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
           recovered_wal_records_++;
           return Status::OK();
         },
-        &end, o_.wal_recovery == "point_in_time"));
+        &end, o_.wal_recovery == "point_in_time");
+    // Listed above, gone at its open. A read-only open takes no lock: the writer committed a
+    // flush past this file since the metadata snapshot was taken and deleted it (or a writable
+    // open dropped it as empty). The snapshot is stale, not damaged; Store::Open reopens, and
+    // the reopen judges the state it finds (a wal_start file missing with no writer is still
+    // Corruption above). A writable open holds the LOCK, so nobody may retire its files: the
+    // IOError stands.
+    if (end.missing && o_.read_only)
+      return Status::Stale("store '" + path_ + "': WAL file '" + name + "' was listed by this read-only open but "
+                           "was gone when it was opened for replay: a writer retired it during the open (the "
+                           "store moved past the metadata this open read); a reopen sees the newer state");
+    RF_RETURN_IF_ERROR(read);
+    if (end.file_bytes == 0) {
+      // Held nothing (e.g. the fresh file of a session that wrote nothing). The wal_start
+      // file stays (see above); the session reuses it when it is the last.
+      if (no == pstate_.wal_start) {
+        *start_empty = true;
+      } else if (!o_.read_only) {
+        ::unlink(name.c_str());
+      }
+      continue;
+    }
     wal_bytes_dropped_ += end.dropped_bytes;
     // Point in time: nothing logged after the damage is replayed, later files included (a torn
     // tail is different: the file's writer died there, and the next session wrote the next file).
     if (end.damaged) {
-      for (uint64_t later : numbers)
-        if (later > no) wal_bytes_dropped_ += fs::file_size(WalFileName(wal_dir_, later), ec);
+      for (uint64_t later : numbers) {
+        std::error_code ec;
+        const uintmax_t bytes = later > no ? fs::file_size(WalFileName(wal_dir_, later), ec) : 0;
+        if (!ec) wal_bytes_dropped_ += bytes;  // one retired meanwhile counts nothing (not -1)
+      }
       break;
     }
   }

@@ -117,22 +117,43 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t, 
                    WalReadEnd* end, bool point_in_time) {
   *end = WalReadEnd();
   bool* torn_tail = &end->torn_tail;
+  // One open, then fstat of that descriptor: no window between a check of the path and its
+  // open in which a writer could retire the file. O_NONBLOCK: a FIFO in the file's place must
+  // not hang the open (it is refused below as not a regular file).
+  int fd = -1;
+  if (const int e = RF_FAULT(kWalOpen, path))
+    errno = e;
+  else
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int e = errno;
+    end->missing = e == ENOENT;
+    return Status::FromErrno("open", path, e);
+  }
   struct stat sb;
-  if (::stat(path.c_str(), &sb) != 0) return Status::FromErrno("stat", path, errno);
-  if (!S_ISREG(sb.st_mode)) return Status::Corruption("WAL file '" + path + "' is not a regular file");
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return Status::FromErrno("open", path, errno);
+  if (::fstat(fd, &sb) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status::FromErrno("fstat", path, e);
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    ::close(fd);
+    return Status::Corruption("WAL file '" + path + "' is not a regular file");
+  }
+  FILE* f = ::fdopen(fd, "rb");
+  if (!f) {
+    const int e = errno;
+    ::close(fd);
+    return Status::FromErrno("fdopen", path, e);
+  }
   Status s;
   std::string payload;
   // A damaged length must not allocate beyond what the file holds (up to 4 GiB otherwise).
-  uint64_t left = 0;
-  if (std::fseek(f, 0, SEEK_END) == 0) {
-    const long end = std::ftell(f);
-    left = end > 0 ? static_cast<uint64_t>(end) : 0;
-  }
+  // Records a live writer appends after this size are not read (a read-only open's snapshot).
+  uint64_t left = sb.st_size > 0 ? static_cast<uint64_t>(sb.st_size) : 0;
   const uint64_t size = left;
+  end->file_bytes = size;
   uint64_t last_at = 0;
-  std::rewind(f);
   for (;;) {
     const uint64_t at = size - left;  // this record's offset
     last_at = at;

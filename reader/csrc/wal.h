@@ -51,6 +51,8 @@ class WalWriter {
 struct WalReadEnd {
   bool torn_tail = false;      // at a record the file ends inside: a crash mid-append
   bool damaged = false;        // at a damaged record (with point_in_time; else an error)
+  bool missing = false;        // the file did not exist at its open (ENOENT): nothing read
+  uint64_t file_bytes = 0;     // the file's size at its open
   uint64_t dropped_bytes = 0;  // not replayed: from that record to the end of the file
 };
 
@@ -62,6 +64,12 @@ struct WalReadEnd {
 // StoreOptions::wal_recovery). Zeros after a bad record count as a torn tail (a filesystem may
 // extend a file before the data reaches it). A damaged length field that points past the end
 // of the file cannot be told from a torn append.
+//
+// The file is opened before anything else is asked of its path, and its type and size come
+// from that descriptor: a file that does not exist is an IOError (ENOENT) with `end->missing`
+// set, so a caller that listed the directory can tell "gone since the listing" (a read-only
+// open racing the writer that retired the file) from any other failure without parsing the
+// message. Anything but a regular file is a Corruption.
 Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t type, const std::string& payload)>& fn,
                    WalReadEnd* end, bool point_in_time = false);
 

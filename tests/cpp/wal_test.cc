@@ -1,8 +1,10 @@
 // WAL framing (crc | length | type | payload) with torn tails, the batch payload encoder and
 // decoder, and the WAL file names.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -127,6 +129,46 @@ TEST_F(WalTest, ADirectoryInPlaceOfALogIsCorruption) {
   WalReadEnd end;
   Status s = ReadWalFile(path_, [](uint8_t, const std::string&) { return Status::OK(); }, &end);
   EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
+  EXPECT_FALSE(end.missing);
+}
+
+// So is a FIFO, and opening it must not wait for a writer to appear on its other end.
+TEST_F(WalTest, AFifoInPlaceOfALogIsCorruptionWithoutBlocking) {
+  ASSERT_EQ(::mkfifo(path_.c_str(), 0600), 0);
+  WalReadEnd end;
+  Status s = ReadWalFile(path_, [](uint8_t, const std::string&) { return Status::OK(); }, &end);
+  EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("not a regular file"), std::string::npos) << s.ToString();
+}
+
+// A file that is not there (listed, then retired by a writer) is told apart from every other
+// failure by end.missing, not by the message: the read-only open turns it into Stale.
+TEST_F(WalTest, AMissingFileIsMarkedMissing) {
+  WalReadEnd end;
+  end.torn_tail = true;  // reset by the call
+  int calls = 0;
+  Status s = ReadWalFile(path_, [&](uint8_t, const std::string&) { calls++; return Status::OK(); }, &end);
+  EXPECT_EQ(s.code(), Status::Code::kIOError) << s.ToString();
+  EXPECT_EQ(s.sys_errno(), ENOENT);
+  EXPECT_NE(s.message().find(path_), std::string::npos) << s.ToString();
+  EXPECT_TRUE(end.missing);
+  EXPECT_FALSE(end.torn_tail);
+  EXPECT_EQ(calls, 0);
+}
+
+// The size comes from the opened descriptor; an empty log is read as holding nothing.
+TEST_F(WalTest, FileBytesIsTheSizeAtTheOpen) {
+  bool torn = false;
+  WalReadEnd end;
+  { std::ofstream(path_, std::ios::binary); }
+  EXPECT_TRUE(Read(&torn, false, &end).empty());
+  EXPECT_EQ(end.file_bytes, 0u);
+  EXPECT_FALSE(torn);
+  std::filesystem::remove(path_);
+  Write({"abc", std::string(100, 'x')});
+  EXPECT_EQ(Read(&torn, false, &end).size(), 2u);
+  EXPECT_EQ(end.file_bytes, 2 * 9 + 3 + 100u);
+  EXPECT_FALSE(end.missing);
 }
 
 TEST(WriteBatch, FixedWidthPutAndDeleteRoundTrip) {

@@ -32,8 +32,9 @@ for batch in ds.iter_torch_batches(batch_size=4096, collate_fn=TorchRecCollate(p
   also alongside a writer) and reads the snapshot of its open. If a writer rewrites a page the
   task's snapshot names, the engine raises ``StaleSnapshotError`` instead of returning other
   data; the task then reopens and reads the newer snapshot. The same holds when the open itself
-  meets a writer moving on (``StaleSnapshotError`` at open, or a WAL file the writer retired
-  while the open read the WAL directory). Up to ``OPEN_RETRIES`` (10) reopens with a short
+  meets a writer moving on: the engine raises ``StaleSnapshotError`` at open too (metadata the
+  writer committed past, or a WAL file the writer retired between the open's listing of the WAL
+  directory and its replay of that file). Up to ``OPEN_RETRIES`` (10) reopens with a short
   backoff, then one ``StaleSnapshotError`` that says the writer outran the read. Tasks of one
   dataset can therefore see different snapshots while a writer is active; with no writer (the
   usual between-epochs update) they all see the same data.
@@ -44,10 +45,8 @@ for batch in ds.iter_torch_batches(batch_size=4096, collate_fn=TorchRecCollate(p
 
 from __future__ import annotations
 
-import errno
 import math
 import os
-import re
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
@@ -67,7 +66,7 @@ except ImportError:  # pragma: no cover - a Ray without it
 from recflash.ingest.preprocess import Preprocessor, check_key_range, check_names, check_positive_int
 from recflash.reader import Store, StoreOptions
 from recflash.reader.store import parse_value_type
-from recflash.reader.errors import IOError_, InvalidArgumentError, StaleSnapshotError
+from recflash.reader.errors import InvalidArgumentError, StaleSnapshotError
 
 KEY = "key"
 _MAX_KEY = (1 << 64) - 1
@@ -75,7 +74,7 @@ KeyRange = Optional[Tuple[int, Optional[int]]]
 T = TypeVar("T")
 
 #: Read-only opens (and the read after each) retried while a writer moves the store on under
-#: them (StaleSnapshotError, or a WAL file the writer deleted during the open); then one error.
+#: them (StaleSnapshotError, at the open or the read); then one error.
 OPEN_RETRIES = 10
 _RETRY_DELAY = 0.01  # seconds before the first retry, doubled up to _RETRY_DELAY_MAX
 _RETRY_DELAY_MAX = 0.2
@@ -91,19 +90,12 @@ def _open_ro(path: str) -> Store:
     return Store.open(path, StoreOptions(read_only=True))
 
 
-def _vanished_wal_file(e: BaseException) -> bool:
-    """An open failed because a WAL file it listed is gone: the writer retired it meanwhile."""
-    if not isinstance(e, IOError_) or getattr(e, "errno", None) != errno.ENOENT:
-        return False
-    m = re.search(r"failed on '([^']*)'", str(e))
-    return m is not None and os.path.basename(os.path.dirname(m.group(1))) == "wal"
-
-
 def _with_snapshot(path: str, fn: Callable[[Store], T], what: str) -> T:
     """``fn(store)`` on a fresh read-only open of ``path``. If a writer moves the store on
-    under the open or the read (StaleSnapshotError, or a WAL file deleted during the open),
-    reopens and retries up to OPEN_RETRIES times with a short backoff, then raises one
-    StaleSnapshotError that says so. Nothing read from a stale snapshot is returned."""
+    under the open or the read (StaleSnapshotError: the engine's word for it, also for a WAL
+    file retired during the open), reopens and retries up to OPEN_RETRIES times with a short
+    backoff, then raises one StaleSnapshotError that says so. Any other error is raised at
+    once. Nothing read from a stale snapshot is returned."""
     delay = _RETRY_DELAY
     last: Optional[BaseException] = None
     for attempt in range(OPEN_RETRIES + 1):
@@ -114,10 +106,6 @@ def _with_snapshot(path: str, fn: Callable[[Store], T], what: str) -> T:
             with _open_ro(path) as store:
                 return fn(store)
         except StaleSnapshotError as e:
-            last = e
-        except IOError_ as e:
-            if not _vanished_wal_file(e):
-                raise
             last = e
     raise StaleSnapshotError(f"{what}: store '{path}' changed under each of {OPEN_RETRIES + 1} read-only opens "
                              f"(a writer rewrites it faster than this read completes; retry when it is idle). "

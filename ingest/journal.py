@@ -49,15 +49,31 @@ def _host() -> str:
         return ""
 
 
-def _start_ticks(pid: int) -> Optional[int]:
-    """The start time of process ``pid`` (clock ticks since boot, Linux), or None if unknown;
-    with the pid it tells a process apart from a later one that got the same pid."""
+def _proc_stat(pid: int) -> Optional[list[bytes]]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
+        return stat[stat.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
         return None
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """The start time of process ``pid`` (clock ticks since boot, Linux), or None if unknown;
+    with the pid it tells a process apart from a later one that got the same pid."""
+    fields = _proc_stat(pid)
+    try:
+        return int(fields[19]) if fields is not None else None
+    except (ValueError, IndexError):
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited but not been reaped yet (a zombie, state Z or X): it still
+    answers ``kill(pid, 0)`` but will never write its journal again."""
+    fields = _proc_stat(pid)
+    return bool(fields) and fields[0] in (b"Z", b"X")
 
 
 def process_identity() -> dict:
@@ -82,6 +98,8 @@ def _process_state(state: dict) -> str:
     recorded, now = state.get("pid_start"), _start_ticks(pid)
     if recorded is not None and now is not None and recorded != now:
         return "gone"  # the pid belongs to a later process
+    if _exited(pid):
+        return "gone"  # killed, its parent has not reaped it yet
     return "alive"
 
 

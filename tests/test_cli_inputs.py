@@ -273,6 +273,31 @@ def test_interrupted_killed_and_foreign_jobs(tmp_path):
     assert _jobs(store)[0]["status"] == "running or interrupted"
 
 
+def test_killed_job_whose_process_is_not_reaped_yet(tmp_path):
+    """kill -9 of an import whose parent has not waited for it yet (a zombie: its pid still
+    answers kill(pid, 0)) is a killed job, not a running one."""
+    from recflash.ingest.journal import job_status, process_identity
+
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        alive = {"status": "running", "ended": None, "pid": victim.pid, "host": process_identity()["host"],
+                 "pid_start": None}
+        assert job_status(alive) == "running"
+        victim.kill()
+        deadline = time.time() + 10
+        while time.time() < deadline:  # not reaped: no wait() until the state is read
+            with open(f"/proc/{victim.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the killed process never became a zombie")
+        assert job_status(alive) == "killed"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 # -- 8: a value longer than a page ---------------------------------------------------------------
 
 

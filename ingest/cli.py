@@ -446,7 +446,8 @@ def stats_command(
     exact: Annotated[bool, typer.Option("--exact", help="Count items exactly when no CHECKPOINT of the "
                                         "current state holds the counts (reads every live page).")] = False,
 ) -> None:
-    """Per-feature items, pages and fragmentation degree, and the store's amplifications.
+    """Per-feature items, pages and fragmentation degree, the store's amplifications and its import jobs.
+
     The store is a positional argument as in ``recflash info STORE``; ``--store`` is an alias."""
     if store_arg is not None and store_opt is not None and store_arg != store_opt:
         fail(f"two stores given: {store_arg} and --store {store_opt}", EXIT_BAD_INPUT)

@@ -400,3 +400,24 @@ def test_info_and_stats_counts_are_exact_or_marked_as_bounds(tmp_path):
         assert r.stats()["items_exact"] is False
         assert r.build_key_index(read_pages=False) is False  # no checkpoint to take it from
         assert r.build_key_index() is True and r.stats()["live_items"] == 100_000
+
+
+def test_every_command_has_a_one_line_summary():
+    """The command lists of ``recflash --help`` (and of its groups) show each command's first
+    docstring paragraph with its line breaks: it must be one line, the rest after a blank line."""
+    import inspect
+
+    import typer
+
+    def walk(cmd, path):
+        for name, sub in (getattr(cmd, "commands", None) or {}).items():  # a group
+            yield from walk(sub, path + [name])
+        if path:
+            yield " ".join(path), cmd
+
+    seen = []
+    for name, cmd in walk(typer.main.get_command(app), []):
+        first = inspect.cleandoc(cmd.short_help or cmd.help or "").split("\n\n")[0]
+        assert first and "\n" not in first, f"recflash {name}: summary spans lines: {first!r}"
+        seen.append(name)
+    assert {"info", "stats", "import criteo", "ndp serve"} <= set(seen)

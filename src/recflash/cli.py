@@ -55,6 +55,7 @@ def info(
                                         "current state holds the counts (reads every live page).")] = False,
 ) -> None:
     """Show a store's features and its key figures (pages, amplification, metadata size).
+
     Item counts come from the CHECKPOINT a clean close writes; without one of the current
     state they are upper bounds (marked ≤) unless --exact."""
     with store_errors():

@@ -197,7 +197,7 @@ def _run(make_source: Callable[[], Any], store: Path, *, upsert: bool, append: b
     rate = f"{result.rows_per_s:,.0f} rows/s"
     if result.input_bytes:
         rate += f", {result.mb_per_s:,.1f} MB/s of text"
-    console.print(f"imported {result.rows:,} rows ({result.items:,} items, {len(result.features)} features) into "
+    console.print(f"imported {result.rows:,} rows ({result.items:,} items, {len(result.features)} feature{'' if len(result.features) == 1 else 's'}) into "
                   f"{store} in {result.seconds:.1f} s: {rate}{keys}", highlight=False, soft_wrap=True)
     if result.bad_lines_skipped:
         console.print(f"skipped {result.bad_lines_skipped:,} bad line(s):", highlight=False, soft_wrap=True)

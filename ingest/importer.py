@@ -419,8 +419,12 @@ def _changed_files(state: dict, source: Source, upto: Optional[int], what: str) 
         if upto is not None and i > upto:
             break
         if old["size"] != new["size"] or old["mtime_ns"] != new["mtime_ns"]:
-            return (f"{new['path']} changed since {what} read it (size {old['size']} -> {new['size']}, "
-                    f"mtime changed: {old['mtime_ns'] != new['mtime_ns']})")
+            how = []
+            if old["size"] != new["size"]:
+                how.append(f"size {old['size']:,} -> {new['size']:,} bytes")
+            if old["mtime_ns"] != new["mtime_ns"]:
+                how.append("modified since")
+            return f"{new['path']} changed since {what} read it ({', '.join(how)})"
     return ""
 
 

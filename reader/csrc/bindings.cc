@@ -242,6 +242,19 @@ class PyStore {
     return py::make_tuple(out, ReadStatsDict(rs));
   }
 
+  // (keys as a uint64 array the engine's buffer backs, read stats): one crossing per call.
+  py::tuple ScanKeys(const std::string& name, uint64_t lo, uint64_t hi) {
+    HVec<uint64_t> keys;
+    ReadStats rs;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->ScanKeys(name, lo, hi, &keys, &rs);
+    }
+    Check(st);
+    return py::make_tuple(ToNumpy(std::move(keys)), ReadStatsDict(rs));
+  }
+
   py::tuple Get(const std::string& name, py::array_t<uint64_t, py::array::c_style> keys) {
     ColumnData col;
     ReadStats rs;
@@ -358,6 +371,7 @@ void InitReader(py::module_& m) {
       .def("sync", &PyStore::Sync)
       .def("close", &PyStore::Close)
       .def("scan_many", &PyStore::ScanMany)
+      .def("scan_keys", &PyStore::ScanKeys, py::arg("feature"), py::arg("lo"), py::arg("hi"))
       .def("get", &PyStore::Get)
       .def("account_scan", &PyStore::AccountScan)
       .def("key_ranges", &PyStore::KeyRanges)

@@ -519,7 +519,7 @@ Status PageView::Parse(const uint8_t* buf, uint32_t page_size, uint32_t expect_i
   return Status::OK();
 }
 
-SegmentView PageView::Segment(uint32_t i) const {
+SegmentView PageView::Segment(uint32_t i, bool keys_only) const {
   SegDesc d;
   std::memcpy(&d, buf_ + sizeof(PageHeader) + sizeof(SegDesc) * i, sizeof d);
   SegmentView v;
@@ -555,6 +555,7 @@ SegmentView PageView::Segment(uint32_t i) const {
     }
     p += (d.count + 7) / 8;
   }
+  if (keys_only) return v;
   uint16_t pad;
   std::memcpy(&pad, body + 2, 2);
   v.values = p + pad;
@@ -654,12 +655,12 @@ bool SegmentView::Fits() const {
   return prev <= room - table;
 }
 
-bool PageView::Find(uint32_t feature_id, SegmentView* out) const {
+bool PageView::Find(uint32_t feature_id, SegmentView* out, bool keys_only) const {
   for (uint32_t i = 0; i < nseg_; i++) {
     uint32_t fid;
     std::memcpy(&fid, buf_ + sizeof(PageHeader) + sizeof(SegDesc) * i, 4);
     if (fid == feature_id) {
-      *out = Segment(i);
+      *out = Segment(i, keys_only);
       return true;
     }
   }

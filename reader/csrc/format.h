@@ -362,9 +362,11 @@ class PageView {
   uint64_t seq() const { return seq_; }
   uint32_t nseg() const { return nseg_; }
   const uint8_t* data() const { return buf_; }  // the verified page bytes
-  // Segment of a feature, or false if the page holds none.
-  bool Find(uint32_t feature_id, SegmentView* out) const;
-  SegmentView Segment(uint32_t i) const;
+  // Segment of a feature, or false if the page holds none. keys_only: the keys and
+  // tombstones are located and checked (`damaged`), the values not at all (`values` stays
+  // null, packed int64s are not widened; do not call Fits): for reads that want keys alone.
+  bool Find(uint32_t feature_id, SegmentView* out, bool keys_only = false) const;
+  SegmentView Segment(uint32_t i, bool keys_only = false) const;
 
  private:
   const uint8_t* buf_ = nullptr;

@@ -64,6 +64,27 @@ void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<ui
   locs->assign(locs_.begin() + a, locs_.begin() + z);
 }
 
+void KeyIndex::AppendLiveKeys(uint64_t lo, uint64_t hi, HVec<uint64_t>* out) const {
+  const auto [a, z] = Range(lo, hi);
+  const size_t base = out->size();
+  out->resize(base + (z - a));
+  uint64_t* o = out->data() + base;
+  size_t w = 0;
+  // Branch-free: a tombstone's slot is written and then overwritten by the next live key.
+  if (dense_) {
+    for (size_t i = a; i < z; i++) {
+      o[w] = base_ + i;
+      w += (locs_[i] & kTomb) == 0;
+    }
+  } else {
+    for (size_t i = a; i < z; i++) {
+      o[w] = keys_[i];
+      w += (locs_[i] & kTomb) == 0;
+    }
+  }
+  out->resize(base + w);
+}
+
 void KeyIndex::Materialize() {
   if (!dense_) return;
   keys_.resize(locs_.size());

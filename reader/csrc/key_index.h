@@ -80,6 +80,10 @@ class KeyIndex {
   void CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const;
   // How many entries CopyRange(lo, hi) copies (two binary searches).
   size_t CountRange(uint64_t lo, uint64_t hi) const;
+  // Appends the keys with lo <= key < hi (hi == UINT64_MAX: no upper bound) whose current
+  // version is not a tombstone, ascending: the live keys the pages hold, with no page read
+  // (Store::ScanKeys). Not for a deferred index, which holds no keys.
+  void AppendLiveKeys(uint64_t lo, uint64_t hi, HVec<uint64_t>* out) const;
   // Removes the entries whose positions are listed (ascending).
   void Erase(const std::vector<size_t>& positions);
   // Checkpoint form (clean shutdown): appended to / parsed from a byte string.

@@ -162,6 +162,18 @@ class Store {
   // included), since a half-open range could not otherwise reach it.
   virtual Status ScanMany(const std::vector<std::string>& features, uint64_t lo, uint64_t hi,
                           std::vector<ColumnData>* out, ReadStats* st) = 0;
+  // The keys of the feature's live items with lo <= key < hi (hi == UINT64_MAX: no upper
+  // bound), ascending: exactly the keys ScanMany({feature}, lo, hi) returns, buffered writes
+  // and deletes included, and no value read, decoded or copied. Served, cheapest first, from
+  // the page table (a segment whose record count equals its key span and that holds no
+  // tombstone has every key of its span: no page read), else from the key index when it
+  // describes the snapshot without a page read (a writer's, decoded from the checkpoint if it
+  // was kept encoded; a read-only handle's once built, or taken from a CHECKPOINT of its
+  // snapshot), else by reading the remaining segments' pages and decoding their keys only.
+  // `st` counts the pages read (none when the page table or the index served), 8 useful
+  // bytes per key returned from the store's pages, and the keys.
+  virtual Status ScanKeys(const std::string& feature, uint64_t lo, uint64_t hi, HVec<uint64_t>* keys,
+                          ReadStats* st) = 0;
   virtual Status Get(const std::string& feature, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st) = 0;
   // What scanning a whole feature would read, from the metadata alone (no I/O): pages,
   // bytes, useful and encoded bytes. Works in both modes.

@@ -35,8 +35,9 @@
 // Sources by concern: store.cc (lifetime, feature catalog, close), store_open.cc (open,
 // recovery, checkpoint), store_write.cc (group commit, flush, page commit),
 // store_rewrite.cc (merge and reclamation execution), store_read.cc (scans, get),
-// store_gather.cc (embedding-row gathers), store_stats.cc (stats JSON); version_set.h,
-// scan_merge.h, write_batch.h and filename.h hold what they extract.
+// store_keys.cc (keys-only scans), store_gather.cc (embedding-row gathers), store_stats.cc
+// (stats JSON); version_set.h, scan_merge.h, key_merge.h, write_batch.h and filename.h hold
+// what they extract.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -82,6 +83,8 @@ class StoreImpl final : public Store {
   Status Sync() override;
   Status Close() override;
   Status ScanMany(const std::vector<std::string>& features, uint64_t lo, uint64_t hi, std::vector<ColumnData>* out,
+                  ReadStats* st) override;
+  Status ScanKeys(const std::string& feature, uint64_t lo, uint64_t hi, HVec<uint64_t>* keys,
                   ReadStats* st) override;
   Status Get(const std::string& feature, const uint64_t* keys, size_t n, ColumnData* out, ReadStats* st) override;
   Status AccountScan(const std::string& feature, ReadStats* st) override;
@@ -225,6 +228,13 @@ class StoreImpl final : public Store {
   // the index are listed in `redo` (their output unusable) for a pass without placement.
   Status ScanPass(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, bool use_index,
                   std::vector<ColumnData>* out, ReadStats* st, std::vector<size_t>* redo);
+  // Page pid's segment of feature `def`, which the scan's snapshot lists as `ref`, checked
+  // against it: a page of another seq is Stale on a read-only handle when newer (a writer
+  // rewrote it since the open), else Corruption; a missing segment is Corruption. With
+  // keys_only the values are not decoded (see PageView::Find) and the keys and tombstones
+  // must lie within the segment; otherwise the segment must fit def's value type.
+  Status SnapshotSegment(uint32_t pid, const PageView& pv, const PageRef& ref, const FeatureDef& def, bool keys_only,
+                         SegmentView* sv);
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
   // `idle`: see IoRing::ReadRuns.
@@ -315,6 +325,10 @@ class StoreImpl final : public Store {
   // read-only handle's snapshot, which readers compare without the writer's lock.
   uint64_t opened_seq_ = 0;
   bool key_index_ready_ RF_GUARDED_BY(write_mu_) = true;  // false on a read-only handle until EnsureKeyIndex
+  // Readers may check it under mu_ instead: after the open it changes only holding both
+  // write_mu_ and mu_ (EnsureKeyIndex, SwapInCheckpointIndex), so a read under mu_ races with
+  // nothing, and it then agrees with the key indexes read in the same critical section.
+  bool ReaderKeyIndexReady() const RF_REQUIRES(mu_) RF_NO_THREAD_SAFETY_ANALYSIS { return key_index_ready_; }
   std::atomic<bool> checkpoint_index_tried_{false};       // TryKeyIndexFromCheckpoint ran
   double recovery_seconds_ RF_GUARDED_BY(write_mu_) = 0;
 };

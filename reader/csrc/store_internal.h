@@ -1,5 +1,6 @@
 // Internals shared by the Store's translation units (store.cc, store_open.cc, store_write.cc,
-// store_rewrite.cc, store_read.cc, store_gather.cc, store_stats.cc). Not part of the API.
+// store_rewrite.cc, store_read.cc, store_keys.cc, store_gather.cc, store_stats.cc). Not part
+// of the API.
 #pragma once
 #include <sys/uio.h>
 

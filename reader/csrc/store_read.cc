@@ -49,6 +49,31 @@ Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pi
   }, idle, o_.read_inflight_bytes);
 }
 
+Status StoreImpl::SnapshotSegment(uint32_t pid, const PageView& pv, const PageRef& ref, const FeatureDef& def,
+                                  bool keys_only, SegmentView* sv) {
+  if (pv.seq() != ref.seq && (!o_.read_only || pv.seq() < ref.seq))  // no writer, or not a newer write
+    return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' holds seq " +
+                              std::to_string(pv.seq()) + " where the metadata lists seq " + std::to_string(ref.seq) +
+                              ": the page file and the metadata disagree (damaged, or files from different states)");
+  if (pv.seq() != ref.seq)
+    return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
+                         "' was rewritten by a writer since this read-only handle opened (seq " +
+                         std::to_string(pv.seq()) + ", snapshot expects " + std::to_string(ref.seq) +
+                         "); reopen the store to read the current data");
+  if (!pv.Find(def.id, sv, keys_only))
+    return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
+                              "' lacks the segment of feature '" + def.name + "' that the metadata lists");
+  sv->width = def.fixed_width();
+  if (!keys_only) return CheckSegmentFits(*sv, pid, pages_path_, def);
+  if (sv->damaged || sv->count != ref.count)
+    return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "': the segment of feature '" +
+                              def.name + "' " +
+                              (sv->damaged ? std::string("has keys or tombstones reaching past its body")
+                                           : "has " + std::to_string(sv->count) + " records, the metadata says " +
+                                                 std::to_string(ref.count)));
+  return Status::OK();
+}
+
 void StoreImpl::FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items,
                            double t0, double io_wait, ReadStats* st) {
   st->io_wait_seconds = io_wait;
@@ -456,21 +481,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   double encoded = 0;
   // Page pid's segment of feature f (its ref j), checked against the snapshot.
   auto segment = [&](uint32_t pid, const PageView& pv, const ScanFeature& f, uint32_t j, SegmentView* sv) -> Status {
-    const PageRef& ref = f.refs[j];
-    if (pv.seq() != ref.seq && (!o_.read_only || pv.seq() < ref.seq))  // no writer, or not a newer write
-      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ + "' holds seq " +
-                                std::to_string(pv.seq()) + " where the metadata lists seq " + std::to_string(ref.seq) +
-                                ": the page file and the metadata disagree (damaged, or files from different states)");
-    if (pv.seq() != ref.seq)
-      return Status::Stale("store '" + path_ + "': page " + std::to_string(pid) + " of '" + pages_path_ +
-                           "' was rewritten by a writer since this read-only handle opened (seq " +
-                           std::to_string(pv.seq()) + ", snapshot expects " + std::to_string(ref.seq) +
-                           "); reopen the store to read the current data");
-    if (!pv.Find(f.def.id, sv))
-      return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path_ +
-                                "' lacks the segment of feature '" + f.def.name + "' that the metadata lists");
-    sv->width = f.def.fixed_width();
-    return CheckSegmentFits(*sv, pid, pages_path_, f.def);
+    return SnapshotSegment(pid, pv, f.refs[j], f.def, false, sv);
   };
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
     for (const auto& [i, j] : users[pid]) {

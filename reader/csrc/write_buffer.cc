@@ -144,6 +144,15 @@ void FeatureBuffer::CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out) {
   }
 }
 
+void FeatureBuffer::CopyKeys(uint64_t lo, uint64_t hi, std::vector<uint64_t>* keys, std::vector<uint8_t>* tomb) {
+  Normalize();
+  const auto& k = items_.keys;
+  const size_t a = std::lower_bound(k.begin(), k.end(), lo) - k.begin();
+  const size_t z = hi == UINT64_MAX ? k.size() : std::lower_bound(k.begin(), k.end(), hi) - k.begin();
+  keys->assign(k.begin() + a, k.begin() + std::max(a, z));
+  tomb->assign(items_.tomb.begin() + a, items_.tomb.begin() + std::max(a, z));
+}
+
 uint64_t WriteBuffer::bytes() const {
   uint64_t b = 0;
   for (const auto& [fid, f] : features_) b += f.bytes();

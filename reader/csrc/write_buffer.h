@@ -45,6 +45,8 @@ class FeatureBuffer {
   void Release();
   // Copies the entries with lo <= key < hi (normalized first).
   void CopyRange(uint64_t lo, uint64_t hi, BufferedItems* out);
+  // The same entries' keys and tombstone flags only (Store::ScanKeys: no value is copied).
+  void CopyKeys(uint64_t lo, uint64_t hi, std::vector<uint64_t>* keys, std::vector<uint8_t>* tomb);
 
   uint32_t pinned_flushes = 0;  // consecutive flushes this feature stayed pinned
 

@@ -1,5 +1,6 @@
 // Page encode/decode round trips for every value type and key encoding (run, varint, raw,
-// bitmap), tombstones, compact int64 packing, page verification, and page-run coalescing.
+// bitmap), tombstones, compact int64 packing, keys-only segment views, page verification, and
+// page-run coalescing.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -110,6 +111,18 @@ void RoundTrip(const Case& c) {
     ASSERT_EQ(len, vals[i].size()) << i;
     ASSERT_EQ(std::memcmp(p, vals[i].data(), len), 0) << i;
   }
+  // Keys only (Store::ScanKeys): the same keys and tombstones, the values not located and
+  // packed int64s not widened.
+  SegmentView ko;
+  ASSERT_TRUE(pv.Find(d.id, &ko, true));
+  EXPECT_FALSE(ko.damaged);
+  EXPECT_EQ(ko.values, nullptr);
+  EXPECT_EQ(ko.unpacked, nullptr);
+  ASSERT_EQ(ko.count, n);
+  std::vector<uint64_t> kk(ko.count);
+  ko.DecodeKeys(kk.data());
+  EXPECT_EQ(kk, got);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(ko.is_tomb(static_cast<uint32_t>(i)), sv.is_tomb(static_cast<uint32_t>(i))) << i;
 }
 
 TEST(PageFormat, EveryValueTypeAndKeyEncodingRoundTrips) {

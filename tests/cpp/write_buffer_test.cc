@@ -1,6 +1,7 @@
 // FeatureBuffer keeps fixed-width items without per-item offsets (value i at i * width, a
 // tombstone's slot zeroed) and variable-width ones with offsets; both must normalize to the
-// last write per key in key order, and copy a key range, against a std::map model.
+// last write per key in key order, and copy a key range (whole, or its keys alone), against
+// a std::map model.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -60,6 +61,12 @@ void RunModel(uint32_t width, uint64_t seed) {
       const uint64_t lo = rng() % 300, hi = lo + rng() % 200;
       fb.CopyRange(lo, hi, &part);
       ExpectEqual(part, m, lo, hi);
+      // The keys-only copy (Store::ScanKeys) holds the same keys and tombstone flags.
+      std::vector<uint64_t> keys;
+      std::vector<uint8_t> tombs;
+      fb.CopyKeys(lo, hi, &keys, &tombs);
+      EXPECT_EQ(keys, part.keys);
+      EXPECT_EQ(tombs, part.tomb);
     }
   }
   fb.Normalize();

@@ -357,9 +357,34 @@ def _key_range(key_range: KeyRange) -> Tuple[int, int]:
     return lo, hi
 
 
+def _ends_at_max(key_range: KeyRange) -> bool:
+    return key_range is not None and key_range[1] is not None and int(key_range[1]) == _MAX_KEY
+
+
+def _drop_max_key(keys: np.ndarray, key_range: KeyRange) -> np.ndarray:
+    """_drop_max for a key array alone (scan_keys)."""
+    if _ends_at_max(key_range) and len(keys) and keys[-1] == np.uint64(_MAX_KEY):
+        return keys[:-1]
+    return keys
+
+
+_SUMMED_STATS = ("pages_read", "read_requests", "bytes_read", "useful_bytes", "items", "seconds", "io_wait_seconds",
+                 "encoded_bytes")
+
+
+def _sum_stats(stats) -> dict:
+    """The read statistics of several engine reads as one read's (amplifications recomputed)."""
+    if len(stats) == 1:
+        return stats[0]
+    out = {k: sum(st[k] for st in stats) for k in _SUMMED_STATS}
+    out["read_amplification"] = out["bytes_read"] / out["useful_bytes"] if out["useful_bytes"] else 0.0
+    out["read_amplification_encoded"] = out["bytes_read"] / out["encoded_bytes"] if out["encoded_bytes"] > 0 else 0.0
+    return out
+
+
 def _drop_max(cols, key_range: KeyRange):
     """Half-open user ranges ending at 2**64 - 1 exclude that key; the engine included it."""
-    if key_range is None or key_range[1] is None or int(key_range[1]) != _MAX_KEY:
+    if not _ends_at_max(key_range):
         return cols
     out = []
     for keys, values, offsets, found in cols:
@@ -385,11 +410,12 @@ def _np_array(values: np.ndarray, type_: pa.DataType, valid: Optional[np.ndarray
     return pa.Array.from_buffers(type_, len(values), [validity, pa.py_buffer(values)], null_count=nulls)
 
 
-def _outer_join(names, keys, arrays) -> pa.Table:
+def _outer_join(names, keys, arrays, more_keys=()) -> pa.Table:
     """Outer join of per-feature (sorted unique keys, values) on key, null where a feature
     lacks a key (_native.join_keys: the key union and each feature's rows, O(rows) for
-    row-number-like keys)."""
-    all_keys, rows = _native.join_keys([np.ascontiguousarray(k, dtype=np.uint64) for k in keys])
+    row-number-like keys). `more_keys`: sorted unique key arrays whose keys join the rows
+    without a column."""
+    all_keys, rows = _native.join_keys([np.ascontiguousarray(k, dtype=np.uint64) for k in list(keys) + list(more_keys)])
     n = len(all_keys)
     out = {"key": _np_array(all_keys, pa.uint64())}
     for name, arr, pos in zip(names, arrays, rows):
@@ -493,21 +519,62 @@ class Store:
         keys, values, offsets, _ = _drop_max(cols, key_range)[0]
         return pa.table({"key": _np_array(keys, pa.uint64()), "value": f.decode(values, offsets, len(keys))})
 
-    def scan_many(self, features: Sequence[str], key_range: KeyRange = None) -> pa.Table:
+    def scan_many(self, features: Sequence[str], key_range: KeyRange = None, *,
+                  rows_of: Sequence[str] = ()) -> pa.Table:
         """Several features at once, outer-joined on key (null where a feature lacks a key).
-        A page holding several of the requested features is read once."""
+        A page holding several of the requested features is read once.
+
+        rows_of: more features whose keys join the rows but which get no column; they are
+        read with :meth:`scan_keys` (no value is read or decoded), so
+        ``scan_many(a, rows_of=b)`` has exactly the rows of ``scan_many(a + b)`` and the
+        columns ``key`` + ``a``. ``features`` may then be empty (a table of keys alone).
+        ``last_read_stats()`` then sums all the reads of the call."""
         features = list(features)
-        if not features:
+        rows_of = [rows_of] if isinstance(rows_of, str) else list(rows_of)
+        if not features and not rows_of:
             raise InvalidArgumentError("scan_many needs at least one feature")
-        if len(set(features)) != len(features):
-            raise InvalidArgumentError(f"scan_many: duplicate feature names in {features}")
+        for n in rows_of:
+            if not isinstance(n, str):
+                raise InvalidArgumentError(f"scan_many: rows_of must list feature names, got {n!r}")
+        names = features + rows_of
+        if len(set(names)) != len(names):
+            where = f"{features}" if not rows_of else f"{features} and rows_of {rows_of}"
+            raise InvalidArgumentError(f"scan_many: duplicate feature names in {where}")
         fs = [self._feature(n) for n in features]
+        for n in rows_of:
+            self._feature(n)
         lo, hi = _key_range(key_range)
-        cols, st = self._s.scan_many(features, lo, hi)
-        self._tls.stats = st
-        cols = _drop_max(cols, key_range)
+        stats, cols = [], []
+        if features:
+            cols, st = self._s.scan_many(features, lo, hi)
+            stats.append(st)
+            cols = _drop_max(cols, key_range)
+        more = []
+        for n in rows_of:
+            keys, st = self._s.scan_keys(n, lo, hi)
+            stats.append(st)
+            more.append(_drop_max_key(keys, key_range))
+        self._tls.stats = _sum_stats(stats)
         arrays = [f.decode(values, offsets, len(keys)) for f, (keys, values, offsets, _) in zip(fs, cols)]
-        return _outer_join(features, [c[0] for c in cols], arrays)
+        return _outer_join(features, [c[0] for c in cols], arrays, more)
+
+    def scan_keys(self, feature: str, key_range: KeyRange = None) -> np.ndarray:
+        """The keys of a feature's live items (optionally lo <= key < hi), ascending, as a
+        uint64 numpy array: exactly the ``key`` column of ``scan(feature, key_range)``,
+        buffered (unflushed) writes and deletes included, without reading any value.
+
+        The engine takes them from the page table where a page's keys are a dense run (a
+        tombstone-free segment whose record count equals its key span: row-number keys of a
+        bulk load), else from the key index when it describes this handle's snapshot with no
+        page read (a writer's; a read-only handle's after :meth:`build_key_index`, or taken
+        from a ``CHECKPOINT`` of its snapshot, i.e. after the writer's clean close), else it
+        reads the remaining pages and decodes their keys only. ``last_read_stats()`` counts
+        the pages it read (``bytes_read`` 0 when none was)."""
+        self._feature(feature)
+        lo, hi = _key_range(key_range)
+        keys, st = self._s.scan_keys(feature, lo, hi)
+        self._tls.stats = st
+        return _drop_max_key(keys, key_range)
 
     def get(self, feature: str, keys) -> pa.Array:
         """Point lookups: values aligned with keys, null where absent."""
@@ -536,7 +603,7 @@ class Store:
 
     def last_read_stats(self) -> dict:
         """pages_read, bytes_read, useful_bytes, items, seconds, read_amplification of this
-        thread's last scan / scan_many / get."""
+        thread's last scan / scan_many / scan_keys / get."""
         self._s.check_open()  # raises StoreClosedError after close()
         return dict(getattr(self._tls, "stats", {}) or {})
 

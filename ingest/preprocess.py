@@ -470,16 +470,16 @@ class Preprocessor:
 
 def _next_key(store, features: Sequence[str], lo: int, end: int, step: int) -> Optional[int]:
     """The smallest key >= lo (and < end; end 2**64: no upper bound) of any of the features,
-    or None."""
+    or None. Probes with scan_keys: the keys alone, no value read."""
     width = 2 * max(1, step)
     while lo < end:
         p_hi = min(end, lo + width)
         kr = (lo, None if p_hi >= _KEY_END else p_hi)
         firsts = []
         for f in features:
-            t = store.scan(f, key_range=kr)
-            if t.num_rows:
-                firsts.append(int(t.column("key")[0].as_py()))
+            keys = store.scan_keys(f, key_range=kr)
+            if len(keys):
+                firsts.append(int(keys[0]))
         if firsts:
             return min(firsts)
         lo = p_hi

@@ -16,12 +16,19 @@ for batch in ds.iter_torch_batches(batch_size=4096, collate_fn=TorchRecCollate(p
   ``rows_per_task`` rows per task. The ranges are contiguous and disjoint and the first and
   last are open-ended, so every key (also one still in the write buffer) is read by exactly
   one task.
-- **Projection pushdown.** ``ds.select_columns([...])`` reaches the read: a task returns only
-  the selected columns. As with any ``select_columns`` the rows do not change: they stay the
-  union of the keys of every feature the dataset was made with, so a feature the projection
-  drops is still scanned for its keys (``scan_many`` reads a page holding several features
-  once). To read fewer bytes, pass fewer ``features`` to ``read_store`` (a model that needs 8
-  of 39 features then reads about 8/39 of the bytes).
+- **Projection pushdown.** ``ds.select_columns([...])`` reaches the read: a task scans the
+  selected features' values and only the keys of the others. As with any ``select_columns``
+  the rows do not change: they stay the union of the keys of every feature the dataset was
+  made with, so a feature the projection drops is read with ``Store.scan_keys``
+  (``scan_many(selected, rows_of=dropped)``), which reads no value. Its keys come from the
+  page table for pages holding a dense run of keys (row numbers without gaps: no read), else
+  from the key index when the task's read-only handle can take it from a ``CHECKPOINT`` of
+  its snapshot (features updated or merged since their load, once the writer closed cleanly:
+  no read), else from its pages, read whole (checksums cover whole pages) with only the keys
+  decoded: a sparse feature that was only ever bulk loaded (an import with empty fields)
+  costs its pages' reads, but no value decoding or copying. ``count()`` and
+  ``select_columns([])`` read keys alone. Fewer ``features`` given to ``read_store`` read
+  nothing of the others, but then the rows are the union of fewer features' keys.
 - **Blocks** are Arrow tables: ``key`` (uint64, ascending) and one column per feature (null
   where a feature lacks the key), exactly what ``Store.scan_many`` returns.
 - **Row counts.** A task's row figure comes from one feature's page item counts (an
@@ -245,12 +252,9 @@ class RecFlashDatasource(Datasource):
             return [KEY] + self._features
         return list(cols)
 
-    def _scan_features(self, columns: List[str]) -> List[str]:
-        """The features a read task scans: always every feature of the dataset. A projection
-        never changes the rows, which are the union of all these features' keys (null where
-        one lacks a key), so a feature the projection drops is still scanned for its keys; the
-        task returns only the projected columns. Pass fewer ``features`` to read fewer bytes."""
-        return list(self._features)
+    def _reads(self, columns: List[str]) -> Tuple[List[str], List[str]]:
+        """What a read task scans for ``columns`` (see _split_reads)."""
+        return _split_reads(self._features, columns)
 
     # -- Datasource API --------------------------------------------------------------------
     def get_name(self) -> str:
@@ -266,8 +270,8 @@ class RecFlashDatasource(Datasource):
         return max(feats, key=lambda f: float(np.asarray(self._ranges[f]["items"], dtype=np.float64).sum()))
 
     def _splits(self, parallelism: int) -> List[Tuple[int, Optional[int], int]]:
-        feats = self._scan_features(self._columns())
-        ranges = self._ranges[self._driver_feature(feats)]
+        # Every feature's keys are rows, whatever the projection: the largest drives the split.
+        ranges = self._ranges[self._driver_feature(self._features)]
         if self._rows_per_task is not None:
             return split_key_range(ranges, self._rows_per_task, self._key_range)
         total = float(np.asarray(ranges["items"], dtype=np.float64).sum())
@@ -288,7 +292,7 @@ class RecFlashDatasource(Datasource):
     def get_read_tasks(self, parallelism: int, per_task_row_limit: Optional[int] = None,
                        data_context: Any = None) -> List[ReadTask]:
         columns = self._columns()
-        feats = self._scan_features(columns)
+        feats = self._features
         schema = self.schema()
         row_bytes = self._row_bytes()
         path = self._path
@@ -305,12 +309,35 @@ class RecFlashDatasource(Datasource):
         return tasks
 
 
-def _read_range(path: str, feats: List[str], columns: List[str], lo: int, hi: Optional[int]) -> Iterable[pa.Table]:
-    """One read task: a read-only open, one scan_many of [lo, hi) over every feature of the
-    dataset, the projected columns. Retried on a fresh open while a writer moves the store on
-    under it (see _with_snapshot)."""
-    table = _with_snapshot(path, lambda store: store.scan_many(feats, key_range=(lo, hi)),
-                           f"read task [{lo}, {'end' if hi is None else hi})")
+def _split_reads(feats: List[str], columns: List[str]) -> Tuple[List[str], List[str]]:
+    """What a read task of a dataset of ``feats`` scans for the output ``columns``: (the
+    features whose values it reads — the selected ones, in column order —, the other features,
+    whose keys alone it reads). A projection never changes the rows, which are the union of
+    every feature's keys (null where one lacks a key): a dropped feature still contributes its
+    keys, through ``Store.scan_keys``, which reads no value."""
+    selected = [c for c in columns if c != KEY]
+    chosen = set(selected)
+    return selected, [f for f in feats if f not in chosen]
+
+
+def _read_range(path: str, feats: List[str], columns: List[str], lo: int, hi: Optional[int],
+                stats: Optional[Dict[str, Any]] = None) -> Iterable[pa.Table]:
+    """One read task of a dataset of ``feats``: a read-only open and one scan_many of [lo, hi)
+    that reads the values of the features among ``columns`` and only the keys of the others
+    (rows_of: Store.scan_keys), so the rows are the union of every feature's keys; the
+    projected columns. Retried on a fresh open while a writer moves the store on under it (see
+    _with_snapshot). ``stats``, when given, receives the engine's read statistics of the read
+    that was returned (Store.last_read_stats: the sum over its scans)."""
+    values, keys_only = _split_reads(feats, columns)
+
+    def read(store: Store) -> pa.Table:
+        table = store.scan_many(values, key_range=(lo, hi), rows_of=keys_only)
+        if stats is not None:
+            stats.clear()
+            stats.update(store.last_read_stats())
+        return table
+
+    table = _with_snapshot(path, read, f"read task [{lo}, {'end' if hi is None else hi})")
     if not columns:
         # An empty projection (count(), select_columns([])) still has the rows: a table without
         # columns would lose its row count in Ray's concatenation, so it carries Ray Data's

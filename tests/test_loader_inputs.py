@@ -131,6 +131,83 @@ def test_select_columns_unknown_name_is_a_recflash_error(cluster, store):
     assert not [m for m in records.messages if "open an issue" in m]  # ... not as an internal error of Ray Data
 
 
+@pytest.fixture(scope="module")
+def wide_store(tmp_path_factory):
+    """A feature to select and features to drop that hold keys it lacks, one per way a read
+    task learns a dropped feature's keys: `run`, a dense run of keys (the page table);
+    `upd`, sparse keys updated and deleted after the load (the key index, from the CHECKPOINT
+    of the writer's clean close); `bin`, sparse keys only ever loaded (no index holds them:
+    its pages are read, for their keys alone)."""
+    path = str(tmp_path_factory.mktemp("wide") / "store")
+    with Store.open(path, StoreOptions(page_size=4096)) as s:
+        for name, t in (("sel", "float32"), ("run", "int64"), ("upd", "list<int64>"), ("bin", "binary")):
+            s.create_feature(name, t)
+        ks = np.arange(0, 6000, 2, dtype=np.uint64)
+        s.put("sel", ks, np.arange(len(ks), dtype=np.float32))
+        s.put("run", np.arange(3000, 9000, dtype=np.uint64), np.arange(6000, dtype=np.int64))
+        ku = np.arange(1, 12000, 5, dtype=np.uint64)
+        s.put("upd", ku, pa.array([[int(k)] for k in ku], pa.list_(pa.int64())))
+        kb = np.arange(3, 15000, 7, dtype=np.uint64)
+        s.put("bin", kb, [b"v%d" % k for k in kb])
+        s.flush()
+        s.put("upd", ku[::3], pa.array([[0, 1]] * len(ku[::3]), pa.list_(pa.int64())))
+        s.delete("upd", ku[1::4])
+        s.delete("sel", ks[:50])
+    return path
+
+
+def test_projection_rows_and_values_equal_the_unprojected_read(cluster, wide_store):
+    from recflash.ingest.ray import read_store
+
+    feats = ["sel", "run", "upd", "bin"]
+    ref = _scan(wide_store, feats)
+    # The dropped features hold keys the selected one lacks (rows where `sel` is null).
+    assert ref.column("sel").null_count > 1000
+    ds = read_store(wide_store, features=feats, rows_per_task=1500)
+    assert _rows(cluster, ds).equals(ref)
+    for cols in (["key", "sel"], ["sel", "key"], ["key"], ["key", "sel", "bin"], ["upd", "key"]):
+        got = _rows(cluster, ds.select_columns(cols))
+        assert got.column_names == cols and got.equals(ref.select(cols)), cols
+    assert ds.select_columns(["sel"]).count() == ds.select_columns([]).count() == ds.count() == ref.num_rows
+
+
+def test_projected_read_task_reads_only_the_selected_values(wide_store):
+    """A read task called directly, as a Ray worker runs it: the projected task returns the
+    unprojected task's rows and selected columns, and its engine read statistics show that
+    dropped features whose keys the page table or the key index knows cost no bytes at all,
+    and one whose keys only its pages hold costs those pages alone."""
+    from recflash.ingest.ray import KEY, RecFlashDatasource, _read_range
+
+    def task(src, lo=0, hi=None):
+        stats = {}
+        (table,) = _read_range(wide_store, src._features, src._columns(), lo, hi, stats)
+        return table, stats
+
+    with Store.open(wide_store, read_only=True) as r:
+        r.scan_many(["sel"])
+        sel_only = r.last_read_stats()["bytes_read"]
+        r.scan_keys("bin")
+        bin_keys = r.last_read_stats()["bytes_read"]
+        r.scan("bin")
+        assert bin_keys == r.last_read_stats()["bytes_read"] > 0  # the same pages a scan reads
+    for feats in (["sel", "run", "upd"], ["sel", "run", "upd", "bin"]):
+        src = RecFlashDatasource(wide_store, features=feats, rows_per_task=1 << 30)
+        for lo, hi in ((0, None), (2500, 7001)):
+            full, full_st = task(src, lo, hi)
+            assert full.column_names == [KEY] + feats
+            for cols in ([KEY, "sel"], ["sel"], []):
+                proj, st = task(src.apply_projection({c: c for c in cols}), lo, hi)
+                if cols:
+                    assert proj.equals(full.select(cols)), (feats, cols)
+                else:
+                    assert proj.num_rows == full.num_rows
+                assert st["bytes_read"] < full_st["bytes_read"], (feats, cols, st, full_st)
+                if (lo, hi) == (0, None):
+                    # run: page table, upd: the CHECKPOINT's key index; bin: its pages
+                    assert st["bytes_read"] == (sel_only if cols else 0) + (bin_keys if "bin" in feats else 0), (
+                        feats, cols)
+
+
 # -- 3. the README snippet ----------------------------------------------------------------------
 def test_readme_ray_snippet_runs_as_written(cluster, tmp_path):
     from recflash.ingest import ImportOptions, SyntheticSource, run_import

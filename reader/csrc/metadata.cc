@@ -286,7 +286,8 @@ void MetaStore::PutState(rocksdb::WriteBatch* b, const PersistentState& st) {
   PutRaw<uint32_t>(&v, st.next_fid);
   PutRaw<uint64_t>(&v, st.user_bytes_written);
   PutRaw<uint64_t>(&v, st.pages_written);
-  PutRaw<uint8_t>(&v, 1);  // wal_start_kept: this version keeps the wal_start file
+  PutRaw<uint8_t>(&v, st.wal_start_kept ? 1 : 0);
+  PutRaw<uint8_t>(&v, st.wal_files_consecutive ? 1 : 0);
   b->Put("S", v);
 }
 
@@ -392,6 +393,11 @@ Status MetaStore::LoadState(PersistentState* st, bool* found) {
   uint8_t kept = 0;
   if (pos < v.size() && !GetRaw(v, &pos, &kept)) return Status::Corruption("state record in '" + dir_ + "' is truncated");
   st->wal_start_kept = kept != 0;
+  // Added after wal_start_kept: a record without it (an older version's commit) may have gaps.
+  uint8_t consecutive = 0;
+  if (pos < v.size() && !GetRaw(v, &pos, &consecutive))
+    return Status::Corruption("state record in '" + dir_ + "' is truncated");
+  st->wal_files_consecutive = consecutive != 0;
   return Status::OK();
 }
 

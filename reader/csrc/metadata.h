@@ -6,7 +6,9 @@
 //   "F" + be32 id  feature definition
 //   "P" + be32 id  logical page record: seq + per-feature segments (count, key range,
 //                  on-disk length, retired flag)
-//   "S"            state: next page seq, first live WAL file, next feature id
+//   "S"            state: next page seq, first live WAL file, next feature id, lifetime
+//                  counters, and which WAL-file rules its writer kept (wal_start_kept,
+//                  wal_files_consecutive)
 // Valid counts are *derived*: recovery rebuilds them (and the KeyIndex) by reading the live
 // pages, the highest seq winning per key. Persisting them would mean rewriting almost every
 // page record on every flush under uniform updates; the "retired" flag is persisted instead
@@ -161,11 +163,19 @@ struct PersistentState {
   // reopening. (Items acknowledged but not yet flushed count once their flush commits.)
   uint64_t user_bytes_written = 0;
   uint64_t pages_written = 0;
-  // Written true by every commit of this version: the WAL file wal_start names is kept until
-  // a commit moves wal_start past it (older versions unlinked it at open when empty), so its
-  // absence while later WAL files exist means commits were lost from the metadata (see
-  // StoreImpl::ReplayWal). False in records written before the rule.
+  // The WAL file wal_start names is kept until a commit moves wal_start past it (older
+  // versions unlinked it at open when empty), so its absence while later WAL files exist means
+  // commits were lost from the metadata (see StoreImpl::ReplayWal). Committed true by this
+  // version once its session knows the file is there (the open found or made it, or a flush
+  // made it); false in records written before the rule.
   bool wal_start_kept = false;
+  // The WAL files from wal_start on are consecutive and only the last may be empty (see
+  // FindWalSequenceBreak), so the open refuses a gap or an empty file before the last one
+  // (StoreImpl::ReplayWal). Committed true by this version once its session knows its files are
+  // so: at once when the open found them so (always, when the loaded record said so), else
+  // from the session's first flush, which starts a fresh run. False in records written before
+  // the rule, whose writers unlinked empty files at open and left gaps.
+  bool wal_files_consecutive = false;
 };
 
 // RocksDB-backed persistence of the tables.

@@ -174,9 +174,18 @@ class StoreImpl final : public Store {
   // Every metadata commit goes through here, so none lands next to a checkpoint of the
   // state before it.
   Status CommitMetaLocked(rocksdb::WriteBatch* b) RF_REQUIRES(write_mu_);
-  // Replays the WAL files from pstate_.wal_start on. *max_number: the highest file number
-  // seen; *start_empty: the wal_start file exists and is empty.
-  Status ReplayWal(uint64_t* max_number, bool* start_empty) RF_REQUIRES(write_mu_);
+  // Replays the WAL files from pstate_.wal_start on, after checking that the metadata's first
+  // file is there and (when the state record says writers kept them so) that the files are
+  // consecutive with only the last one empty: Corruption otherwise (Stale for a read-only open
+  // while a writer holds the LOCK), or with wal_recovery "point_in_time" replay up to the
+  // break, which a writable open then makes permanent (the later files deleted).
+  struct WalReplay {
+    uint64_t last_number = 0;  // the newest file from wal_start on left after replay (0: none)
+    bool last_empty = false;   // ... and it is empty: the session logs to it
+    bool start_listed = false;  // the wal_start file was there
+    bool consecutive = false;   // the files from wal_start on are consecutive, only the last empty
+  };
+  Status ReplayWal(WalReplay* out) RF_REQUIRES(write_mu_);
   // Corruption (Stale for a read-only handle while a writer runs) when the metadata lists
   // pages at or past `slots`, the page file's length in pages.
   Status CheckPagesWithinFile(uint32_t max_pid, uint64_t slots);

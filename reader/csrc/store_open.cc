@@ -314,12 +314,21 @@ Status StoreImpl::Recover() {
   for (FeatureState* f : features_.All())
     if (f->pages.empty() && f->index.size() == 0 && !o_.accounting) f->index.Defer();
 
-  uint64_t max_no = 0;
-  bool start_empty = false;
-  RF_RETURN_IF_ERROR(ReplayWal(&max_no, &start_empty));
-  wal_number_ = start_empty && max_no == pstate_.wal_start ? max_no : std::max(max_no, pstate_.wal_start - 1) + 1;
+  WalReplay replay;
+  RF_RETURN_IF_ERROR(ReplayWal(&replay));
+  // The session logs to the last WAL file when that is empty (the fresh file of a session that
+  // wrote nothing, or of a flush that pinned nothing), else to a new one right after it: the
+  // files from wal_start on stay consecutive, and only the last is ever empty.
+  wal_number_ = replay.last_empty ? replay.last_number : std::max(replay.last_number, pstate_.wal_start - 1) + 1;
   RF_RETURN_IF_ERROR(wal_.Open(WalFileName(wal_dir_, wal_number_)));
   RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
+  // What this session's commits may claim (PersistentState): the wal_start file is there, and
+  // the files from it to wal_number_ are consecutive. A store last committed by an older
+  // version may miss either (an empty file unlinked at its open): its commits keep saying so
+  // until the first flush starts a fresh run of files.
+  const bool start_there = replay.start_listed || wal_number_ == pstate_.wal_start;
+  pstate_.wal_start_kept = start_there;
+  pstate_.wal_files_consecutive = start_there && replay.consecutive;
   {
     MutexLock l(&mu_);  // no reader yet, but the rule for what readers reach holds anyway
     versions_.AssertHeld();
@@ -360,9 +369,8 @@ Status StoreImpl::RecoverReadOnly() {
   // EnsureKeyIndex() runs.
   DeriveAllValid();
   key_index_ready_ = false;
-  uint64_t max_no = 0;
-  bool start_empty = false;
-  RF_RETURN_IF_ERROR(ReplayWal(&max_no, &start_empty));
+  WalReplay replay;
+  RF_RETURN_IF_ERROR(ReplayWal(&replay));
   {
     MutexLock l(&mu_);  // no reader yet, but the rule for what readers reach holds anyway
     versions_.AssertHeld();
@@ -961,18 +969,22 @@ bool StoreImpl::LoadCheckpoint() {
 }
 
 
-Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
+Status StoreImpl::ReplayWal(WalReplay* out) {
+  RF_PAUSE_POINT("wal.replay.before_list");  // metadata read, wal/ not listed yet: tests move a writer on here
+  std::vector<WalFileInfo> files;
+  RF_RETURN_IF_ERROR(ListWalFilesWithSizes(wal_dir_, &files));
+  *out = WalReplay();
+  const bool point_in_time = o_.wal_recovery == "point_in_time";
   std::vector<uint64_t> numbers;
-  RF_RETURN_IF_ERROR(ListWalFiles(wal_dir_, &numbers));
-  *max_number = 0;
-  *start_empty = false;
+  for (const WalFileInfo& f : files) numbers.push_back(f.number);
+  out->start_listed = std::binary_search(numbers.begin(), numbers.end(), pstate_.wal_start);
   // The wal_start file is kept until a commit moves past it (made durable before that commit
   // names it), and a commit deletes only the files below its new wal_start. So it is never
   // legitimately missing: with later files there, the metadata is older than the WAL, i.e. it
   // lost commits (a truncated RocksDB log), whose items were in the deleted files — replaying
   // the later ones onto the old state would mix two states, and a writer would then reuse the
   // slots of the lost commits' pages; without, the file was deleted with what it logged.
-  if (pstate_.wal_start_kept && !std::binary_search(numbers.begin(), numbers.end(), pstate_.wal_start)) {
+  if (pstate_.wal_start_kept && !out->start_listed) {
     const bool later = !numbers.empty() && numbers.back() > pstate_.wal_start;
     const std::string msg = "store '" + path_ + "': the metadata names WAL file " +
                             WalFileName(wal_dir_, pstate_.wal_start) + " as the first to replay, but it is missing" +
@@ -982,11 +994,59 @@ Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
     return Status::Corruption(msg + (later ? ": the metadata database lost commits (its log damaged or truncated)"
                                            : ": it was deleted, and with it what was logged since the last flush"));
   }
-  for (uint64_t no : numbers) {
+  // The files from wal_start on are consecutive and only the last may be empty (writers keep
+  // them so: FindWalSequenceBreak). A missing number was deleted, an empty file before the
+  // last was cut to nothing; either way records are gone, synced ones among them, and
+  // replaying the later files without them would apply writes on top of a state that never
+  // existed. Stores whose last commit predates the rule may have gaps (their writers unlinked
+  // empty files at open): they open as before.
+  uint64_t replay_to = UINT64_MAX;  // no file numbered above it is replayed (point_in_time)
+  const WalSequenceBreak brk = FindWalSequenceBreak(files, pstate_.wal_start);
+  if (brk.found && pstate_.wal_files_consecutive) {
+    const auto name = [&](uint64_t no) {
+      std::string q(1, '\'');  // (not "'" + string: GCC 12 warns on that, -Wrestrict)
+      q += WalFileName(wal_dir_, no);
+      q += '\'';
+      return q;
+    };
+    std::string what;
+    if (brk.empty)
+      what = "WAL file " + name(brk.last_good) + " is empty although a later one, " + name(brk.next) +
+             ", exists: only the newest WAL file can be empty, so it was cut to zero bytes";
+    else if (brk.next == brk.last_good + 2)
+      what = "WAL file " + name(brk.last_good + 1) + " is missing between " + name(brk.last_good) + " and " +
+             name(brk.next);
+    else
+      what = "WAL files " + name(brk.last_good + 1) + " to " + name(brk.next - 1) + " are missing between " +
+             name(brk.last_good) + " and " + name(brk.next);
+    const std::string msg = "store '" + path_ + "': " + what + " (the WAL files from the first one the metadata names, " +
+                            name(pstate_.wal_start) + ", on are consecutive)";
+    // A read-only open takes no lock: a writer's commit deletes the files below its new
+    // wal_start while this open lists them, so its snapshot may name files being retired.
+    if (o_.read_only && WriterHoldsLock(path_))
+      return Status::Stale(msg + ": a writer holds the store's LOCK and may be retiring WAL files under this "
+                                 "read-only open's metadata snapshot; reopen");
+    if (!point_in_time)
+      return Status::Corruption(msg + ": the records it held are lost, synced writes among them, and replaying the "
+                                      "later WAL files without them would mix states. Restore it, or open with "
+                                      "StoreOptions(wal_recovery='point_in_time') to open the store as of the WAL files up to " +
+                                      name(brk.last_good) + " (a writable open then deletes the later ones)");
+    replay_to = brk.last_good;
+  }
+  out->consecutive = !brk.found || replay_to != UINT64_MAX;  // point_in_time: the later files go below
+  std::vector<uint64_t> skipped, replayed;  // from wal_start on: passed over (point_in_time) / read
+  uint64_t cut_at = 0;                      // with a damaged record (point_in_time): its offset in replay_to
+  bool damaged = false;
+  for (const WalFileInfo& f : files) {
+    const uint64_t no = f.number;
     const std::string name = WalFileName(wal_dir_, no);
-    *max_number = std::max(*max_number, no);
     if (no < pstate_.wal_start) {
       if (!o_.read_only) ::unlink(name.c_str());  // its items are in committed pages
+      continue;
+    }
+    if (no > replay_to) {
+      skipped.push_back(no);
+      wal_bytes_dropped_ += f.bytes;
       continue;
     }
     RF_PAUSE_POINT("wal.replay.before_open");  // listed, not yet opened: tests retire it here
@@ -1005,40 +1065,61 @@ Status StoreImpl::ReplayWal(uint64_t* max_number, bool* start_empty) {
           recovered_wal_records_++;
           return Status::OK();
         },
-        &end, o_.wal_recovery == "point_in_time");
+        &end, point_in_time);
     // Listed above, gone at its open. A read-only open takes no lock: the writer committed a
-    // flush past this file since the metadata snapshot was taken and deleted it (or a writable
-    // open dropped it as empty). The snapshot is stale, not damaged; Store::Open reopens, and
-    // the reopen judges the state it finds (a wal_start file missing with no writer is still
-    // Corruption above). A writable open holds the LOCK, so nobody may retire its files: the
-    // IOError stands.
+    // flush past this file since the metadata snapshot was taken and deleted it. The snapshot
+    // is stale, not damaged; Store::Open reopens, and the reopen judges the state it finds (a
+    // wal_start file missing with no writer is still Corruption above). A writable open holds
+    // the LOCK, so nobody may retire its files: the IOError stands.
     if (end.missing && o_.read_only)
       return Status::Stale("store '" + path_ + "': WAL file '" + name + "' was listed by this read-only open but "
                            "was gone when it was opened for replay: a writer retired it during the open (the "
                            "store moved past the metadata this open read); a reopen sees the newer state");
     RF_RETURN_IF_ERROR(read);
-    if (end.file_bytes == 0) {
-      // Held nothing (e.g. the fresh file of a session that wrote nothing). The wal_start
-      // file stays (see above); the session reuses it when it is the last.
-      if (no == pstate_.wal_start) {
-        *start_empty = true;
-      } else if (!o_.read_only) {
-        ::unlink(name.c_str());
-      }
-      continue;
-    }
+    // An empty file (the fresh file of a session that wrote nothing) stays: the session reuses
+    // it when it is the last, and before the last one it is a break (above).
+    if (end.file_bytes == 0) continue;
+    replayed.push_back(no);
     wal_bytes_dropped_ += end.dropped_bytes;
     // Point in time: nothing logged after the damage is replayed, later files included (a torn
     // tail is different: the file's writer died there, and the next session wrote the next file).
     if (end.damaged) {
-      for (uint64_t later : numbers) {
-        std::error_code ec;
-        const uintmax_t bytes = later > no ? fs::file_size(WalFileName(wal_dir_, later), ec) : 0;
-        if (!ec) wal_bytes_dropped_ += bytes;  // one retired meanwhile counts nothing (not -1)
-      }
-      break;
+      damaged = true;
+      cut_at = end.file_bytes - end.dropped_bytes;
+      replay_to = no;
     }
   }
+  if (replay_to != UINT64_MAX) {
+    out->last_number = replay_to;
+    for (const WalFileInfo& f : files)
+      if (f.number == replay_to) out->last_empty = damaged ? cut_at == 0 : f.bytes == 0;
+  } else if (!files.empty() && files.back().number >= pstate_.wal_start) {
+    out->last_number = files.back().number;
+    out->last_empty = files.back().bytes == 0;
+  }
+  if (o_.read_only) return Status::OK();
+  // A writable point_in_time open makes the point it opened at the store's state before this
+  // session logs anything: the damaged record and what follows it are cut from its file and
+  // the later files deleted, the directory synced. Otherwise this session's file would follow
+  // them, and the next open would replay them again (or, with point_in_time, drop this
+  // session's writes with them).
+  if (damaged) {
+    const std::string name = WalFileName(wal_dir_, replay_to);
+    if (::truncate(name.c_str(), static_cast<off_t>(cut_at)) != 0) return Status::FromErrno("truncate", name, errno);
+    RF_RETURN_IF_ERROR(SyncWalFile(name));
+  }
+  for (uint64_t no : skipped) {
+    const std::string name = WalFileName(wal_dir_, no);
+    if (::unlink(name.c_str()) != 0 && errno != ENOENT) return Status::FromErrno("unlink", name, errno);
+  }
+  if (damaged || !skipped.empty()) RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
+  // The session's file follows the last one only once what that holds is durable: a process
+  // killed before syncing its appends leaves them in the page cache, and a power loss after
+  // this open created its file could then cut the last file to nothing behind it (an empty file
+  // before the last, which the next open refuses). Earlier files were synced before their
+  // successor was made.
+  if (!out->last_empty)
+    for (uint64_t no : replayed) RF_RETURN_IF_ERROR(SyncWalFile(WalFileName(wal_dir_, no)));
   return Status::OK();
 }
 

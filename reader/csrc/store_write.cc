@@ -192,13 +192,17 @@ Status StoreImpl::FlushLocked(bool force) {
   if (!s.ok()) return bg_error_ = s;
   if (write_fids.empty()) return Status::OK();
 
-  // Start a new WAL file holding only what stays pinned; once this flush commits, the older
-  // files are obsolete. In bulk-load mode nothing is logged: while the open file is empty and
-  // the only live one, there is nothing to rotate away.
-  const bool rotate = !o_.accounting && !(o_.bulk_load && wal_.file_bytes() == 0 && pstate_.wal_start == wal_number_);
+  // The WAL file this flush commits as the first to replay holds only what stays pinned; once
+  // the flush commits, the older files are obsolete. It is a new file after the current one
+  // when that holds records; an empty current file (nothing logged since the open or the last
+  // flush, e.g. in bulk-load mode, which logs nothing) takes the pinned items itself. So a
+  // file is only ever created after one with records: the files from wal_start on stay
+  // consecutive with only the last one empty, which the open checks (ReplayWal).
+  const bool logged = !o_.accounting;
+  const bool rotate = logged && wal_.file_bytes() > 0;
   const uint64_t new_wal = rotate ? wal_number_ + 1 : wal_number_;
   if (rotate) s = wal_.Open(WalFileName(wal_dir_, new_wal));
-  if (s.ok() && rotate) {
+  if (s.ok() && logged) {
     for (uint32_t fid : pinned) {
       std::vector<std::string> payloads;
       EncodeBuffered(fid, features_.Get(fid)->def.fixed_width(), WriterBuffer().find(fid)->items(), &payloads);
@@ -206,7 +210,7 @@ Status StoreImpl::FlushLocked(bool force) {
         if (s.ok()) s = wal_.Append(kWalBatch, p);
     }
     if (s.ok()) s = wal_.Sync();
-    if (s.ok()) s = SyncDir(wal_dir_);
+    if (s.ok() && rotate) s = SyncDir(wal_dir_);
   }
   if (!s.ok()) return bg_error_ = s;
   wal_number_ = new_wal;
@@ -256,11 +260,17 @@ Status StoreImpl::FlushLocked(bool force) {
   }
   std::set<uint32_t> dirty, freed;
   uint64_t pw = 0;
+  bool retire_below = false;
   s = WriteRecordsLocked(runs, recs, &dirty, &freed, &pw);
   flush_pages_written_ += pw;
   if (s.ok()) {
+    // From new_wal on there is one file, which exists: what the state record claims holds
+    // from this commit on, whatever the open found (PersistentState).
+    const uint64_t old_start = pstate_.wal_start;
     pstate_.wal_start = new_wal;
+    if (logged) pstate_.wal_start_kept = pstate_.wal_files_consecutive = true;
     s = CommitLocked(dirty, freed);
+    retire_below = logged && new_wal > old_start;
   }
   if (!s.ok()) return bg_error_ = s;
   {
@@ -275,8 +285,10 @@ Status StoreImpl::FlushLocked(bool force) {
     versions_.InstallLocked(v, freed);
     index_ahead_ = false;
   }
+  // Any order will do: the files below wal_start are ignored by opens (a read-only open that
+  // listed them before the commit sees them vanish and reopens).
   std::vector<uint64_t> numbers;
-  if (rotate && ListWalFiles(wal_dir_, &numbers).ok())
+  if (retire_below && ListWalFiles(wal_dir_, &numbers).ok())
     for (uint64_t no : numbers)
       if (no < new_wal) ::unlink(WalFileName(wal_dir_, no).c_str());
   flushes_++;

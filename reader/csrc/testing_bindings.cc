@@ -165,6 +165,23 @@ void MetaPut(const std::string& dir, int kind, int pick, const std::string& valu
   if (!s.ok()) throw std::runtime_error(s.ToString());
 }
 
+// The value of one metadata record of a closed store (kinds as MetaPut): lets a test rewrite
+// a record as an older version wrote it (the state record without its later fields).
+py::bytes MetaGet(const std::string& dir, int kind, int pick) {
+  const char prefix = kind == 0 ? 'F' : kind == 1 ? 'P' : 'S';
+  rocksdb::Options o;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(o, dir, &raw);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::vector<std::pair<std::string, std::string>> recs;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(std::string(1, prefix)); it->Valid() && it->key().size() && it->key()[0] == prefix; it->Next())
+    recs.emplace_back(it->key().ToString(), it->value().ToString());
+  if (recs.empty()) throw std::runtime_error("no record of that kind");
+  return py::bytes(recs[static_cast<size_t>(pick) % recs.size()].second);
+}
+
 }  // namespace
 
 namespace recflash::bind {
@@ -210,6 +227,7 @@ void RegisterTestingBindings(py::module_& parent) {
         py::arg("fix_checksum") = false);
   m.def("read_wal", &ReadWal, py::arg("path"), py::arg("point_in_time") = true);
   m.def("meta_put", &MetaPut, py::arg("dir"), py::arg("kind"), py::arg("pick"), py::arg("value"));
+  m.def("meta_get", &MetaGet, py::arg("dir"), py::arg("kind"), py::arg("pick"));
   m.def("load_block_sums", [](const std::string& path, uint32_t page_size, uint32_t block_size) {
     BlockSums b(page_size, block_size);
     b.Load(path);

@@ -215,4 +215,47 @@ Status ListWalFiles(const std::string& dir, std::vector<uint64_t>* numbers) {
   return Status::OK();
 }
 
+Status ListWalFilesWithSizes(const std::string& dir, std::vector<WalFileInfo>* files) {
+  files->clear();
+  std::vector<uint64_t> numbers;
+  RF_RETURN_IF_ERROR(ListWalFiles(dir, &numbers));
+  for (uint64_t no : numbers) {
+    const std::string path = WalFileName(dir, no);
+    struct stat sb;
+    if (::stat(path.c_str(), &sb) != 0) {
+      if (errno == ENOENT) continue;
+      return Status::FromErrno("stat", path, errno);
+    }
+    files->push_back({no, sb.st_size > 0 ? static_cast<uint64_t>(sb.st_size) : 0});
+  }
+  return Status::OK();
+}
+
+WalSequenceBreak FindWalSequenceBreak(const std::vector<WalFileInfo>& files, uint64_t start) {
+  WalSequenceBreak b;
+  const WalFileInfo* prev = nullptr;
+  for (const WalFileInfo& f : files) {
+    if (f.number < start) continue;
+    if (prev && (prev->bytes == 0 || f.number != prev->number + 1)) {
+      b.found = true;
+      b.last_good = prev->number;
+      b.empty = prev->bytes == 0;
+      b.next = f.number;
+      return b;
+    }
+    prev = &f;
+  }
+  return b;
+}
+
+Status SyncWalFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("open", path, errno);
+  Status s;
+  if (::fdatasync(fd) != 0) s = Status::FromErrno("fdatasync", path, errno);
+  ::close(fd);
+  if (s.ok()) fault::FileSynced(path);
+  return s;
+}
+
 }  // namespace recflash

@@ -76,4 +76,33 @@ Status ReadWalFile(const std::string& path, const std::function<Status(uint8_t t
 // Numbers of the log files in dir, ascending.
 Status ListWalFiles(const std::string& dir, std::vector<uint64_t>* numbers);
 
+struct WalFileInfo {
+  uint64_t number = 0;
+  uint64_t bytes = 0;  // its size when listed
+};
+// The log files in dir with their sizes, ascending. A file gone between the directory read and
+// its stat (a writer retired it under a read-only open) is left out, as if not listed.
+Status ListWalFilesWithSizes(const std::string& dir, std::vector<WalFileInfo>* files);
+
+// Where the run of WAL files from the metadata's first one on stops being what writers leave.
+// Writers keep those files consecutive (a file is created only as the successor of the newest
+// one, only once that one holds records, and a commit deletes only files below its new first
+// one), so among the files numbered `start` or more a number missing between two listed ones
+// was deleted, and a file that is empty but not the last was cut to nothing: either way the
+// records it held, synced ones among them, are gone. (Files below `start` are ignored; whether
+// `start` itself is there is the caller's check.)
+struct WalSequenceBreak {
+  bool found = false;
+  // The last listed file before the break: replay may go up to and including it.
+  uint64_t last_good = 0;
+  // true: last_good is empty although later files exist. false: the numbers last_good + 1 ..
+  // next - 1 are missing.
+  bool empty = false;
+  uint64_t next = 0;  // the first listed file after the break
+};
+WalSequenceBreak FindWalSequenceBreak(const std::vector<WalFileInfo>& files, uint64_t start);
+
+// fdatasync of a closed WAL file (opened read-only for it).
+Status SyncWalFile(const std::string& path);
+
 }  // namespace recflash

@@ -227,6 +227,65 @@ TEST(WriteBatch, ShortAndTruncatedPayloadsAreCorruption) {
   EXPECT_EQ(DecodeBatch(bad, "w", &d).code(), Status::Code::kCorruption);
 }
 
+// The run of WAL files from the metadata's first one on: consecutive, only the last empty.
+TEST(WalSequence, ConsecutiveFilesWithAnEmptyLastOneHaveNoBreak) {
+  using V = std::vector<WalFileInfo>;
+  EXPECT_FALSE(FindWalSequenceBreak(V{}, 5).found);
+  EXPECT_FALSE(FindWalSequenceBreak(V{{5, 0}}, 5).found);  // a session that wrote nothing
+  EXPECT_FALSE(FindWalSequenceBreak(V{{5, 10}, {6, 20}, {7, 0}}, 5).found);
+  // Below the first one: ignored (a commit's deletions not done yet), gaps and empty ones too.
+  EXPECT_FALSE(FindWalSequenceBreak(V{{1, 0}, {3, 7}, {5, 10}, {6, 0}}, 5).found);
+  // Whether the first one itself is there is the caller's check (wal_start_kept).
+  EXPECT_FALSE(FindWalSequenceBreak(V{{6, 10}, {7, 0}}, 5).found);
+}
+
+TEST(WalSequence, AMissingNumberIsABreakAfterTheFileBeforeIt) {
+  using V = std::vector<WalFileInfo>;
+  WalSequenceBreak b = FindWalSequenceBreak(V{{5, 10}, {6, 10}, {8, 10}, {9, 0}}, 5);
+  ASSERT_TRUE(b.found);
+  EXPECT_FALSE(b.empty);
+  EXPECT_EQ(b.last_good, 6u);
+  EXPECT_EQ(b.next, 8u);
+  b = FindWalSequenceBreak(V{{5, 10}, {9, 10}, {11, 10}}, 5);  // several missing: the first gap
+  ASSERT_TRUE(b.found);
+  EXPECT_EQ(b.last_good, 5u);
+  EXPECT_EQ(b.next, 9u);
+}
+
+TEST(WalSequence, AnEmptyFileBeforeTheLastIsABreakAtIt) {
+  using V = std::vector<WalFileInfo>;
+  WalSequenceBreak b = FindWalSequenceBreak(V{{5, 10}, {6, 0}, {7, 10}}, 5);
+  ASSERT_TRUE(b.found);
+  EXPECT_TRUE(b.empty);
+  EXPECT_EQ(b.last_good, 6u);
+  EXPECT_EQ(b.next, 7u);
+  b = FindWalSequenceBreak(V{{5, 0}, {6, 0}}, 5);  // the first one cut too
+  ASSERT_TRUE(b.found);
+  EXPECT_TRUE(b.empty);
+  EXPECT_EQ(b.last_good, 5u);
+  // An empty file followed by a gap: the empty one comes first.
+  b = FindWalSequenceBreak(V{{5, 10}, {6, 0}, {9, 10}}, 5);
+  ASSERT_TRUE(b.found);
+  EXPECT_TRUE(b.empty);
+  EXPECT_EQ(b.last_good, 6u);
+  EXPECT_EQ(b.next, 9u);
+}
+
+TEST_F(WalTest, ListingWithSizesSkipsOtherNames) {
+  Write({"abc"});
+  { std::ofstream(WalFileName(dir_.string(), 9)); }  // empty
+  { std::ofstream(dir_ / "000008.log.tmp") << "x"; }
+  std::vector<WalFileInfo> files;
+  ASSERT_TRUE(ListWalFilesWithSizes(dir_.string(), &files).ok());
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0].number, 7u);
+  EXPECT_EQ(files[0].bytes, std::filesystem::file_size(path_));
+  EXPECT_EQ(files[1].number, 9u);
+  EXPECT_EQ(files[1].bytes, 0u);
+  EXPECT_TRUE(SyncWalFile(path_).ok());
+  EXPECT_EQ(SyncWalFile(WalFileName(dir_.string(), 8)).code(), Status::Code::kIOError);
+}
+
 TEST(FileNames, WalNamesParseBack) {
   EXPECT_EQ(WalFileName("/s/wal", 7), "/s/wal/000007.log");
   uint64_t n = 0;

@@ -344,3 +344,36 @@ def test_gap_while_a_writer_holds_the_lock_is_stale_for_a_read_only_open(store_p
     with Store.open(store_path, _opts(read_only=True)) as r:
         assert _x(r) == [1] * 10 + [2] * 10 + [3] * 10
 
+
+def test_no_metadata_commit_after_a_failed_flush_commit(store_path):
+    """A flush whose metadata commit failed has moved the store's first WAL file on in DRAM.
+    Before, create_feature then committed that state: the next open deleted the WAL file
+    holding the flushed items (below the committed first one) and lost them. Now the store
+    refuses it with the flush's error, as it does writes."""
+    child = r'''
+import os, sys
+import numpy as np
+from recflash.reader import Store, StoreOptions, testing
+from recflash.reader.errors import IOError_
+s = Store.open(sys.argv[1], StoreOptions(page_size=4096, write_buffer_bytes=1 << 20, pinner_enabled=False))
+s.create_feature("x", "int64")
+s.put("x", np.arange(1000, dtype=np.uint64), np.full(1000, 5, np.int64))
+s.sync()
+testing.arm("meta_commit", nth=1)
+try:
+    s.flush()
+    raise SystemExit("the flush's commit did not fail")
+except IOError_:
+    pass
+testing.disarm()
+try:
+    s.create_feature("y", "int64")
+    raise SystemExit("create_feature committed after the failed flush")
+except IOError_ as e:
+    assert "metadata commit" in str(e), str(e)
+os._exit(0)
+'''
+    subprocess.run([sys.executable, "-P", "-c", child, store_path], check=True, timeout=120)
+    with Store.open(store_path, _opts()) as s:
+        assert s.get("x", np.arange(1000, dtype=U64)).to_pylist() == [5] * 1000
+        assert list(s.features()) == ["x"]

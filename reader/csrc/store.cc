@@ -106,6 +106,11 @@ Status StoreImpl::CreateFeature(const std::string& name, const std::string& type
   uint32_t dim;
   RF_RETURN_IF_ERROR(ParseValueType(type, &vt, &dim));
   MutexLock wl(&write_mu_);
+  // After a failed write the tables may be ahead of the metadata (a flush whose commit failed
+  // has moved wal_start to its new WAL file): committing the state now would name that file as
+  // the first to replay while the flushed items' pages are not committed, and the next open
+  // would delete the older files holding them. The store takes no more writes (see Write).
+  RF_RETURN_IF_ERROR(bg_error_);
   if (FeatureState* f = features_.Find(name)) {
     if (f->def.type == vt && f->def.dim == dim) {
       *out = f->def;

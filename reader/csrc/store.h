@@ -43,11 +43,12 @@ struct StoreOptions {
   // read whole once first. false: block reads are not verified (no DRAM for the sums).
   bool verify_block_reads = true;
   // What recovery does with a WAL record that fails its checksum while later records follow
-  // it (damage, not the torn last append of a crash, which always just ends replay):
-  // "tolerate_torn_tail" fails the open with a Corruption naming the file and offset (RocksDB's
-  // kTolerateCorruptedTailRecords); "point_in_time" replays up to it and drops the rest of that
-  // file (kPointInTimeRecovery), stats()["wal_bytes_dropped"] counts the bytes
-  // replay passed over (torn tails included).
+  // it (damage, not the torn last append of a crash, which always just ends replay), or with a
+  // WAL file missing between two others or cut to nothing before the last:
+  // "tolerate_torn_tail" fails the open with a Corruption naming the file (and offset) (RocksDB's
+  // kTolerateCorruptedTailRecords); "point_in_time" replays up to it and drops the rest, later
+  // files included (kPointInTimeRecovery; a writable open deletes what it dropped before it
+  // logs), stats()["wal_bytes_dropped"] counts the bytes replay passed over (torn tails included).
   std::string wal_recovery = "tolerate_torn_tail";
   // Accounting mode: the same flush, pinner, merger and reclamation decide the same layout,
   // but pages are not written (nor the WAL, nor the metadata), merges find their records

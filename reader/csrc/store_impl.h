@@ -12,7 +12,7 @@
 // older version is done — so a scan always sees one consistent state.
 //
 // Crash safety. Ordering on every flush/merge: (1) WAL synced, pinned items re-logged into a
-// fresh WAL file; (2) new pages written into free slots and fdatasync'ed; (3) one RocksDB
+// fresh WAL file (the current one while it is still empty: see FlushLocked); (2) new pages written into free slots and fdatasync'ed; (3) one RocksDB
 // write batch (sync) commits the new page records, retired segments, freed pages and the new
 // WAL start; (4) only then are old WAL files deleted and freed slots made reusable. A crash
 // before (3) leaves the previous metadata pointing at untouched pages and the WAL replays the

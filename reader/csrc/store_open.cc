@@ -972,7 +972,13 @@ bool StoreImpl::LoadCheckpoint() {
 Status StoreImpl::ReplayWal(WalReplay* out) {
   RF_PAUSE_POINT("wal.replay.before_list");  // metadata read, wal/ not listed yet: tests move a writer on here
   std::vector<WalFileInfo> files;
-  RF_RETURN_IF_ERROR(ListWalFilesWithSizes(wal_dir_, &files));
+  uint64_t vanished = 0;
+  Status listed = ListWalFilesWithSizes(wal_dir_, &files, &vanished);
+  if (vanished && o_.read_only)  // as a file gone at its open for replay (below)
+    return Status::Stale("store '" + path_ + "': WAL file '" + WalFileName(wal_dir_, vanished) +
+                         "' was listed by this read-only open but was gone when its size was read: a writer "
+                         "retired it during the open; a reopen sees the newer state");
+  RF_RETURN_IF_ERROR(listed);
   *out = WalReplay();
   const bool point_in_time = o_.wal_recovery == "point_in_time";
   std::vector<uint64_t> numbers;
@@ -1099,20 +1105,21 @@ Status StoreImpl::ReplayWal(WalReplay* out) {
   }
   if (o_.read_only) return Status::OK();
   // A writable point_in_time open makes the point it opened at the store's state before this
-  // session logs anything: the damaged record and what follows it are cut from its file and
-  // the later files deleted, the directory synced. Otherwise this session's file would follow
-  // them, and the next open would replay them again (or, with point_in_time, drop this
-  // session's writes with them).
+  // session logs anything: the later files are deleted (the directory synced), then the
+  // damaged record and what follows it cut from its file. Otherwise this session's file would
+  // follow them, and the next open would replay them again (or, with point_in_time, drop this
+  // session's writes with them). In that order, a crash part way leaves the break (or the
+  // damage) for the next open to refuse, never a cut file followed by the dropped ones.
+  for (uint64_t no : skipped) {
+    const std::string name = WalFileName(wal_dir_, no);
+    if (::unlink(name.c_str()) != 0 && errno != ENOENT) return Status::FromErrno("unlink", name, errno);
+  }
+  if (!skipped.empty()) RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
   if (damaged) {
     const std::string name = WalFileName(wal_dir_, replay_to);
     if (::truncate(name.c_str(), static_cast<off_t>(cut_at)) != 0) return Status::FromErrno("truncate", name, errno);
     RF_RETURN_IF_ERROR(SyncWalFile(name));
   }
-  for (uint64_t no : skipped) {
-    const std::string name = WalFileName(wal_dir_, no);
-    if (::unlink(name.c_str()) != 0 && errno != ENOENT) return Status::FromErrno("unlink", name, errno);
-  }
-  if (damaged || !skipped.empty()) RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
   // The session's file follows the last one only once what that holds is durable: a process
   // killed before syncing its appends leaves them in the page cache, and a power loss after
   // this open created its file could then cut the last file to nothing behind it (an empty file

@@ -215,16 +215,18 @@ Status ListWalFiles(const std::string& dir, std::vector<uint64_t>* numbers) {
   return Status::OK();
 }
 
-Status ListWalFilesWithSizes(const std::string& dir, std::vector<WalFileInfo>* files) {
+Status ListWalFilesWithSizes(const std::string& dir, std::vector<WalFileInfo>* files, uint64_t* vanished) {
   files->clear();
+  *vanished = 0;
   std::vector<uint64_t> numbers;
   RF_RETURN_IF_ERROR(ListWalFiles(dir, &numbers));
   for (uint64_t no : numbers) {
     const std::string path = WalFileName(dir, no);
     struct stat sb;
     if (::stat(path.c_str(), &sb) != 0) {
-      if (errno == ENOENT) continue;
-      return Status::FromErrno("stat", path, errno);
+      const int e = errno;
+      if (e == ENOENT) *vanished = no;
+      return Status::FromErrno("stat", path, e);
     }
     files->push_back({no, sb.st_size > 0 ? static_cast<uint64_t>(sb.st_size) : 0});
   }

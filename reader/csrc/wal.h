@@ -81,8 +81,9 @@ struct WalFileInfo {
   uint64_t bytes = 0;  // its size when listed
 };
 // The log files in dir with their sizes, ascending. A file gone between the directory read and
-// its stat (a writer retired it under a read-only open) is left out, as if not listed.
-Status ListWalFilesWithSizes(const std::string& dir, std::vector<WalFileInfo>* files);
+// its stat is an IOError (ENOENT) with *vanished set to its number, so a read-only open can
+// tell a writer retiring it from other failures (as ReadWalFile's `missing`).
+Status ListWalFilesWithSizes(const std::string& dir, std::vector<WalFileInfo>* files, uint64_t* vanished);
 
 // Where the run of WAL files from the metadata's first one on stops being what writers leave.
 // Writers keep those files consecutive (a file is created only as the successor of the newest

@@ -276,7 +276,9 @@ TEST_F(WalTest, ListingWithSizesSkipsOtherNames) {
   { std::ofstream(WalFileName(dir_.string(), 9)); }  // empty
   { std::ofstream(dir_ / "000008.log.tmp") << "x"; }
   std::vector<WalFileInfo> files;
-  ASSERT_TRUE(ListWalFilesWithSizes(dir_.string(), &files).ok());
+  uint64_t vanished = 1;
+  ASSERT_TRUE(ListWalFilesWithSizes(dir_.string(), &files, &vanished).ok());
+  EXPECT_EQ(vanished, 0u);
   ASSERT_EQ(files.size(), 2u);
   EXPECT_EQ(files[0].number, 7u);
   EXPECT_EQ(files[0].bytes, std::filesystem::file_size(path_));

@@ -327,6 +327,24 @@ def test_read_only_open_racing_a_writers_flush(store_path):
         w.close()
 
 
+def test_read_only_open_racing_a_writers_flush_and_close(store_path):
+    """As above, but the writer also closes (releasing the LOCK) before the read-only open lists
+    wal/: no writer holds the LOCK then, yet the committed state is not the one the open read,
+    so the missing first file is a stale snapshot (reopen), not damage."""
+    _three_wal_files(store_path)
+
+    def writer_flushes_and_closes():
+        w = Store.open(store_path, _opts(pinner_enabled=False))
+        w.put("x", np.arange(30, dtype=U64), np.full(30, 7, np.int64))
+        w.close()  # the flush commits a new first WAL file and deletes the older ones
+        assert 2 not in _wal_files(store_path)
+
+    r, _ = _ro_open_held(store_path, "wal.replay.before_list", writer_flushes_and_closes)
+    assert isinstance(r, Store), repr(r)
+    assert _x(r) == [7] * 30
+    r.close()
+
+
 def test_gap_while_a_writer_holds_the_lock_is_stale_for_a_read_only_open(store_path):
     """A file missing between two others while a writer holds the LOCK may be the writer
     retiring files (a commit deletes the files below its new first one, in any order): a

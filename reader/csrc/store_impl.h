@@ -159,6 +159,10 @@ class StoreImpl final : public Store {
   // A read-only handle's page read failed verification: a writer moved on (Stale, reopen)
   // or the file is corrupt (the original status).
   Status ExplainReadFailure(const Status& s);
+  // Read-only open: whether a writer holds the LOCK, or committed a state other than the one
+  // this open loaded (and may have closed since). Either way what the snapshot names may have
+  // been retired under the open: Stale (reopen) rather than Corruption.
+  bool WriterMovedOn() RF_REQUIRES(write_mu_);
   Status RebuildFromPages() RF_REQUIRES(write_mu_);
   // Clean-shutdown checkpoint of the derived state (key indexes, valid counts), so a clean
   // reopen need not read every page. It only ever describes the committed state it was
@@ -188,7 +192,7 @@ class StoreImpl final : public Store {
   Status ReplayWal(WalReplay* out) RF_REQUIRES(write_mu_);
   // Corruption (Stale for a read-only handle while a writer runs) when the metadata lists
   // pages at or past `slots`, the page file's length in pages.
-  Status CheckPagesWithinFile(uint32_t max_pid, uint64_t slots);
+  Status CheckPagesWithinFile(uint32_t max_pid, uint64_t slots) RF_REQUIRES(write_mu_);
 
   Status Write(WriteOp* w);
   // The writer side: every ...Locked function below needs write_mu_ held (they take mu_

@@ -291,6 +291,17 @@ bool WriterHoldsLock(const std::string& path) {
 
 }  // namespace
 
+bool StoreImpl::WriterMovedOn() {
+  if (WriterHoldsLock(path_)) return true;
+  // No writer now, but one may have committed and closed (releasing the LOCK) while this open
+  // read the files its snapshot names: a committed state other than the snapshot's says so.
+  // (A writer commits its metadata only after what the commit names is durable, and deletes
+  // the WAL files below its new wal_start only after the commit.)
+  PersistentState now;
+  return MetaStore::ReadCurrentState(StoreFileName(path_, FileKind::kMetaDir), &now).ok() &&
+         (now.next_seq != pstate_.next_seq || now.wal_start != pstate_.wal_start);
+}
+
 Status StoreImpl::Recover() {
   const double t0 = Now();
   uint32_t max_pid = 0;
@@ -349,7 +360,7 @@ Status StoreImpl::CheckPagesWithinFile(uint32_t max_pid, uint64_t slots) {
   const std::string msg = "store '" + path_ + "': the metadata lists page " + std::to_string(max_pid - 1) + " but '" +
                           pages_path_ + "' holds " + std::to_string(slots) + " pages of " +
                           std::to_string(o_.page_size) + " bytes";
-  if (o_.read_only && WriterHoldsLock(path_))  // the writer may have freed and trimmed them since
+  if (o_.read_only && WriterMovedOn())  // the writer may have freed and trimmed them since
     return Status::Stale(msg + " (a writer moved on, or the file was cut); reopen");
   return Status::Corruption(msg + ": the page file was truncated, replaced or recreated");
 }
@@ -995,7 +1006,7 @@ Status StoreImpl::ReplayWal(WalReplay* out) {
     const std::string msg = "store '" + path_ + "': the metadata names WAL file " +
                             WalFileName(wal_dir_, pstate_.wal_start) + " as the first to replay, but it is missing" +
                             (later ? " while later WAL files exist" : "");
-    if (o_.read_only && WriterHoldsLock(path_))  // it may have committed past the snapshot's state since: retry
+    if (o_.read_only && WriterMovedOn())  // it may have committed past the snapshot's state since: retry
       return Status::Stale(msg + " (a writer moved on, or the metadata lost commits); reopen");
     return Status::Corruption(msg + (later ? ": the metadata database lost commits (its log damaged or truncated)"
                                            : ": it was deleted, and with it what was logged since the last flush"));
@@ -1029,9 +1040,9 @@ Status StoreImpl::ReplayWal(WalReplay* out) {
                             name(pstate_.wal_start) + ", on are consecutive)";
     // A read-only open takes no lock: a writer's commit deletes the files below its new
     // wal_start while this open lists them, so its snapshot may name files being retired.
-    if (o_.read_only && WriterHoldsLock(path_))
-      return Status::Stale(msg + ": a writer holds the store's LOCK and may be retiring WAL files under this "
-                                 "read-only open's metadata snapshot; reopen");
+    if (o_.read_only && WriterMovedOn())
+      return Status::Stale(msg + ": a writer holds the store's LOCK or committed since this read-only open read "
+                                 "its metadata, and may have retired WAL files under that snapshot; reopen");
     if (!point_in_time)
       return Status::Corruption(msg + ": the records it held are lost, synced writes among them, and replaying the "
                                       "later WAL files without them would mix states. Restore it, or open with "

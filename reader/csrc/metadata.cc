@@ -221,6 +221,9 @@ Status MetaStore::Open(const std::string& dir, bool create, bool read_only) {
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = read_only ? rocksdb::DB::OpenForReadOnly(o, dir, &db, /*error_if_wal_file_exists=*/false)
                                 : rocksdb::DB::Open(o, dir, &db);
+  // RocksDB reports a file it cannot open as an IOError or (reading a MANIFEST) a Corruption
+  // wrapping one; ENOENT shows only in the message.
+  open_missed_file_ = !s.ok() && (s.IsPathNotFound() || s.ToString().find("No such file or directory") != std::string::npos);
   if (!s.ok()) {
     if (s.IsIOError() && s.ToString().find("lock") != std::string::npos)
       return Status::Locked("metadata database '" + dir + "' is locked by another process: " + s.ToString());

@@ -187,6 +187,11 @@ class MetaStore {
   // instance (no LOCK taken, nothing written; a live writer's WAL is replayed in memory),
   // a snapshot of the metadata as of the open.
   Status Open(const std::string& dir, bool create, bool read_only = false);
+  // Whether the last Open failed because a file the database names was gone when RocksDB
+  // opened it (ENOENT): for a read-only open, what a writer's metadata flush or compaction
+  // does when it deletes obsolete files between the open's read of the MANIFEST and its open
+  // of those files.
+  bool open_missed_file() const { return open_missed_file_; }
   // The state record as committed now (a fresh read-only open): lets a read-only handle
   // tell "a writer moved on since my snapshot" from real corruption.
   static Status ReadCurrentState(const std::string& dir, PersistentState* st);
@@ -214,6 +219,7 @@ class MetaStore {
   std::unique_ptr<rocksdb::DB> db_;
   std::string dir_;
   uint64_t bytes_committed_ = 0;
+  bool open_missed_file_ = false;
 };
 
 }  // namespace recflash

@@ -32,6 +32,10 @@ constexpr uint64_t kCheckpointMagic = 0x33544b4348434652ull;  // "RFCHCKT3": com
 namespace fs = std::filesystem;
 using namespace store_internal;
 
+namespace {
+bool WriterHoldsLock(const std::string& path);  // below
+}  // namespace
+
 // ---------------------------------------------------------------------------------------
 // Open / recovery
 
@@ -182,7 +186,20 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     // No LOCK: readers coexist with each other and with one writer. Safety comes from the
     // snapshot (metadata as of the open) and the per-read seq check, not from locking.
     wal_dir_ = StoreFileName(path, FileKind::kWalDir);
-    RF_RETURN_IF_ERROR(meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true));
+    // RocksDB's read-only open reads the MANIFEST, then opens the files it names; a writer's
+    // metadata flush or compaction (every clean close moves the log into a table file)
+    // deletes obsolete ones meanwhile. While a writer holds the LOCK that is a stale snapshot
+    // (Store::Open reopens); with none, the files stay put now, so one more open tells a writer
+    // that closed meanwhile from a file really missing (then the error stands).
+    Status ms = meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true);
+    for (int i = 0; i < 2 && !ms.ok() && meta_.open_missed_file(); i++) {
+      if (WriterHoldsLock(path))
+        return Status::Stale("store '" + path + "': a file of its metadata database was gone when this read-only "
+                             "open read it, while a writer holds the store's LOCK (its metadata flush or compaction "
+                             "retired the file): " + ms.message() + "; reopen");
+      ms = meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true);
+    }
+    RF_RETURN_IF_ERROR(ms);
     pages_path_ = StoreFileName(path, FileKind::kPages);
     if (!fs::exists(pages_path_, ec))  // a writable open creates it with the store
       return Status::Corruption("store '" + path + "': '" + pages_path_ +

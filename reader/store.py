@@ -531,7 +531,10 @@ class Store:
         read with :meth:`scan_keys` (no value is read or decoded), so
         ``scan_many(a, rows_of=b)`` has exactly the rows of ``scan_many(a + b)`` and the
         columns ``key`` + ``a``. ``features`` may then be empty (a table of keys alone).
-        ``last_read_stats()`` then sums all the reads of the call."""
+        ``last_read_stats()`` then sums all the reads of the call. The features of ``rows_of``
+        are separate engine reads: on a read-only handle they all see the snapshot of its open;
+        on a writable handle, writes another thread makes between them can show up in some
+        and not others (as between two separate scans)."""
         features = list(features)
         rows_of = [rows_of] if isinstance(rows_of, str) else list(rows_of)
         if not features and not rows_of:

@@ -314,9 +314,16 @@ bool StoreImpl::WriterMovedOn() {
   // read the files its snapshot names: a committed state other than the snapshot's says so.
   // (A writer commits its metadata only after what the commit names is durable, and deletes
   // the WAL files below its new wal_start only after the commit.)
-  PersistentState now;
-  return MetaStore::ReadCurrentState(StoreFileName(path_, FileKind::kMetaDir), &now).ok() &&
-         (now.next_seq != pstate_.next_seq || now.wal_start != pstate_.wal_start);
+  // The re-read can itself meet a writer retiring a metadata file that RocksDB's read-only
+  // open listed (a flush or compaction of the metadata, every clean close): it is tried again
+  // a few times before an unreadable state counts as unchanged (the caller then reports damage).
+  for (int attempt = 0; attempt < 3; attempt++) {
+    if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    PersistentState now;
+    if (MetaStore::ReadCurrentState(StoreFileName(path_, FileKind::kMetaDir), &now).ok())
+      return now.next_seq != pstate_.next_seq || now.wal_start != pstate_.wal_start;
+  }
+  return false;
 }
 
 Status StoreImpl::Recover() {

@@ -236,3 +236,37 @@ def stats_number_fields(d: dict) -> dict[str, float]:
                 if isinstance(v2, (int, float)) and not isinstance(v2, bool):
                     out[f"{k}.{k2}"] = v2
     return out
+
+
+def open_held_at(path, options, point: str, change):
+    """``Store.open(path, options)`` in a thread, held at the engine's pause point ``point``
+    while ``change()`` runs (e.g. a writer moving the store on). Returns the store (or the
+    exception the open raised) and how many WAL files were opened for replay meanwhile (by the
+    open, its own reopens, and anything ``change()`` opened)."""
+    import threading
+
+    from recflash.reader import Store, testing
+
+    out = {}
+
+    def run():
+        try:
+            out["store"] = Store.open(path, options)
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            out["err"] = e
+
+    testing.disarm()
+    testing.arm("wal_open", nth=1 << 40)  # counts the WAL files opened for replay, fails none
+    testing.arm_pause_point(point)
+    t = threading.Thread(target=run)
+    try:
+        t.start()
+        assert testing.wait_paused(30), f"the open never reached {point}"
+        change()
+    finally:
+        testing.release_pause()
+        t.join(60)
+        opened = testing.calls("wal_open")
+        testing.disarm()
+    assert not t.is_alive()
+    return out.get("store", out.get("err")), opened

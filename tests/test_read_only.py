@@ -14,6 +14,7 @@ import pytest
 
 from recflash.reader import (NotAStoreError, ReadOnlyError, StaleSnapshotError, Store, StoreLockedError,
                              StoreOptions)
+from storeutil import open_held_at
 
 
 def _opts(**kw):
@@ -250,36 +251,9 @@ def _wal_files(path):
 
 
 def _open_held_before_wal_replay(path, options, change):
-    """Store.open(path, options) in a thread, held at the pause point where it has listed the
-    WAL files and is about to open one for replay; `change()` runs meanwhile. Returns the store
-    (or the exception the open raised) and how many WAL files the open(s) opened for replay."""
-    import threading
-
-    from recflash.reader import testing
-
-    out = {}
-
-    def run():
-        try:
-            out["store"] = Store.open(path, options)
-        except BaseException as e:  # noqa: BLE001 - returned to the test
-            out["err"] = e
-
-    testing.disarm()
-    testing.arm("wal_open", nth=1 << 40)  # counts the WAL files opened for replay, fails none
-    testing.arm_pause_point("wal.replay.before_open")
-    t = threading.Thread(target=run)
-    try:
-        t.start()
-        assert testing.wait_paused(30), "the open never reached its WAL replay"
-        change()
-    finally:
-        testing.release_pause()
-        t.join(60)
-        opened = testing.calls("wal_open")
-        testing.disarm()
-    assert not t.is_alive()
-    return out.get("store", out.get("err")), opened
+    """Store.open(path, options) held where it has listed the WAL files and is about to open one
+    for replay, while `change()` runs (see storeutil.open_held_at)."""
+    return open_held_at(path, options, "wal.replay.before_open", change)
 
 
 def test_wal_file_retired_by_the_writer_during_a_read_only_open(store_path):

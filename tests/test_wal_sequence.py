@@ -12,12 +12,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 
 from recflash.reader import CorruptionError, StaleSnapshotError, Store, StoreOptions, testing
+from storeutil import open_held_at
 
 U64 = np.uint64
 
@@ -258,32 +258,9 @@ def test_state_record_of_an_older_version_opens_a_store_with_a_gap_as_before(sto
 
 # -- read-only opens and a writer ----------------------------------------------------------------
 def _ro_open_held(path, point, change):
-    """A read-only Store.open(path) in a thread, held at pause point `point` while change() runs.
-    Returns the store (or the exception) and how many WAL files were opened for replay meanwhile
-    (by the open, its reopens, and anything change() opened)."""
-    out = {}
-
-    def run():
-        try:
-            out["store"] = Store.open(path, _opts(read_only=True))
-        except BaseException as e:  # noqa: BLE001 - returned to the test
-            out["err"] = e
-
-    testing.disarm()
-    testing.arm("wal_open", nth=1 << 40)  # counts, fails none
-    testing.arm_pause_point(point)
-    t = threading.Thread(target=run)
-    try:
-        t.start()
-        assert testing.wait_paused(30), f"the open never reached {point}"
-        change()
-    finally:
-        testing.release_pause()
-        t.join(60)
-        opened = testing.calls("wal_open")
-        testing.disarm()
-    assert not t.is_alive()
-    return out.get("store", out.get("err")), opened
+    """A read-only Store.open(path) held at pause point `point` while change() runs (see
+    storeutil.open_held_at)."""
+    return open_held_at(path, _opts(read_only=True), point, change)
 
 
 def test_read_only_open_sees_a_writers_fresh_empty_last_file(store_path):

@@ -253,6 +253,10 @@ class StoreImpl final : public Store {
   // `idle`: see IoRing::ReadRuns.
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
                    const IoRing::IdleFn& idle = nullptr);
+  // ReadPages on a ring leased from the pool, for the reads of one call (get, scan_keys): a
+  // read failure is explained (ExplainReadFailure) and the ring's device wait added to *io_wait.
+  // No pages: nothing is leased.
+  Status ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, double* io_wait);
   // Pages one device read (a ring slot) holds: max_io_bytes in whole pages, at least one.
   uint32_t PagesPerRead() const { return std::max(1u, o_.max_io_bytes / o_.page_size); }
   // `pids`: the pages read, in read order (their runs are the device reads).

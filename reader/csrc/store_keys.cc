@@ -124,13 +124,7 @@ Status StoreImpl::ScanKeys(const std::string& name, uint64_t lo, uint64_t hi, HV
     return Status::OK();
   };
   double io_wait = 0;
-  if (!pids.empty()) {
-    RingLease ring(rings_);
-    RF_RETURN_IF_ERROR(ring.Acquire());
-    Status rs = ReadPages(ring.get(), pids, cb);
-    if (!rs.ok()) return ExplainReadFailure(rs);
-    io_wait = ring.get()->wait_seconds();
-  }
+  RF_RETURN_IF_ERROR(ReadPagesLeased(pids, cb, &io_wait));
   if (!from_index) MergeKeyChunks(chunks, &disk);
 
   // Buffered writes are newer than any page.

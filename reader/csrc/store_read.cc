@@ -35,6 +35,16 @@ using namespace store_internal;
 // Read path
 
 
+Status StoreImpl::ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, double* io_wait) {
+  if (sorted_pids.empty()) return Status::OK();
+  RingLease ring(rings_);
+  RF_RETURN_IF_ERROR(ring.Acquire());
+  Status rs = ReadPages(ring.get(), sorted_pids, fn);
+  if (!rs.ok()) return ExplainReadFailure(rs);
+  *io_wait += ring.get()->wait_seconds();
+  return Status::OK();
+}
+
 Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
                             const IoRing::IdleFn& idle) {
   const uint32_t ps = o_.page_size;
@@ -700,13 +710,7 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
     return Status::OK();
   };
   double io_wait = 0;
-  if (!pids.empty()) {
-    RingLease ring(rings_);
-    RF_RETURN_IF_ERROR(ring.Acquire());
-    Status rs = ReadPages(ring.get(), pids, cb);
-    if (!rs.ok()) return ExplainReadFailure(rs);
-    io_wait = ring.get()->wait_seconds();
-  }
+  RF_RETURN_IF_ERROR(ReadPagesLeased(pids, cb, &io_wait));
   // Output aligned with the request.
   out->keys.assign(keys, keys + n);
   out->found.assign(n, 0);

@@ -1,5 +1,7 @@
 #include "reader/csrc/key_merge.h"
 
+#include "reader/csrc/run_merge.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -61,47 +63,11 @@ void MergeKeyChunks(const std::vector<KeyChunk>& cs, HVec<uint64_t>* out) {
     for (uint32_t c : order) EmitRun(cs[c], 0, cs[c].size(), out);
     return;
   }
-  // K-way merge by (key, newest seq first), as MergeHeap (scan_merge.cc) without values.
-  struct HE {
-    uint64_t key, seq;
-    uint32_t c;
-  };
-  auto later = [](const HE& a, const HE& b) { return a.key > b.key || (a.key == b.key && a.seq < b.seq); };
-  std::vector<HE> heap;
-  std::vector<uint64_t> pos(cs.size(), 0);
-  size_t nx = 0;
-  bool have_last = false;
-  uint64_t last = 0;  // the last key decided (emitted, or hidden by a tombstone)
-  for (;;) {
-    while (nx < order.size() && (heap.empty() || cs[order[nx]].key(0) <= heap.front().key)) {
-      const uint32_t c = order[nx++];
-      heap.push_back({cs[c].key(0), cs[c].seq, c});
-      std::push_heap(heap.begin(), heap.end(), later);
-    }
-    if (heap.empty()) break;
-    std::pop_heap(heap.begin(), heap.end(), later);
-    const HE t = heap.back();
-    heap.pop_back();
-    const KeyChunk& ch = cs[t.c];
-    const uint64_t r = pos[t.c];
-    uint64_t r1 = r + 1;
-    if (!(have_last && ch.key(r) == last)) {  // else an older version of a decided key
-      // The run extends while its keys stay below every other chunk's next key: those keys
-      // have no other version.
-      uint64_t bound = UINT64_MAX;
-      if (!heap.empty()) bound = heap.front().key;
-      if (nx < order.size()) bound = std::min(bound, cs[order[nx]].key(0));
-      r1 = std::max(r + 1, LowerBound(ch, r + 1, bound));
-      EmitRun(ch, r, r1, out);
-      last = ch.key(r1 - 1);
-      have_last = true;
-    }
-    pos[t.c] = r1;
-    if (r1 < ch.size()) {
-      heap.push_back({ch.key(r1), ch.seq, t.c});
-      std::push_heap(heap.begin(), heap.end(), later);
-    }
-  }
+  MergeNewestFirst(
+      order, cs.size(), [&](uint32_t c) { return cs[c].size(); }, [&](uint32_t c, uint64_t r) { return cs[c].key(r); },
+      [&](uint32_t c) { return cs[c].seq; },
+      [&](uint32_t c, uint64_t r, uint64_t bound) { return LowerBound(cs[c], r, bound); },
+      [&](uint32_t c, uint64_t r0, uint64_t r1) { EmitRun(cs[c], r0, r1, out); });
 }
 
 void OverlayBufferedKeys(const HVec<uint64_t>& disk, const std::vector<uint64_t>& bkeys,

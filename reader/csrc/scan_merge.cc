@@ -9,6 +9,7 @@
 
 #include "reader/csrc/key_index.h"
 #include "reader/csrc/page_map.h"
+#include "reader/csrc/run_merge.h"
 #include "reader/csrc/types.h"
 #include "reader/csrc/varint.h"
 
@@ -242,49 +243,15 @@ bool MergeDense(const std::vector<uint32_t>& order, MergeSink* sink) {
 
 void MergeHeap(const std::vector<uint32_t>& order, MergeSink* sink) {
   const std::vector<PageChunk>& cs = sink->cs;
-  struct HE {
-    uint64_t key, seq;
-    uint32_t c;
-  };
-  auto later = [](const HE& a, const HE& b) { return a.key > b.key || (a.key == b.key && a.seq < b.seq); };
-  std::vector<HE> heap;
-  std::vector<uint32_t> pos(cs.size(), 0);
-  size_t nx = 0;
-  bool have_last = false;
-  uint64_t last = 0;
-  for (;;) {
-    while (nx < order.size() && (heap.empty() || cs[order[nx]].keys.front() <= heap.front().key)) {
-      const uint32_t c = order[nx++];
-      heap.push_back({cs[c].keys[0], cs[c].seq, c});
-      std::push_heap(heap.begin(), heap.end(), later);
-    }
-    if (heap.empty()) break;
-    std::pop_heap(heap.begin(), heap.end(), later);
-    const HE t = heap.back();
-    heap.pop_back();
-    const PageChunk& ch = cs[t.c];
-    const uint32_t r = pos[t.c];
-    const uint32_t n = static_cast<uint32_t>(ch.keys.size());
-    uint32_t r1 = r + 1;
-    if (have_last && ch.keys[r] == last) {
-      // an older version of a key already emitted
-    } else {
-      // The run extends while its keys stay below every other chunk's next key, so
-      // non-overlapping pages cost one bulk copy each.
-      uint64_t bound = UINT64_MAX;
-      if (!heap.empty()) bound = heap.front().key;
-      if (nx < order.size()) bound = std::min(bound, cs[order[nx]].keys.front());
-      r1 = static_cast<uint32_t>(std::lower_bound(ch.keys.begin() + r + 1, ch.keys.end(), bound) - ch.keys.begin());
-      sink->EmitRun(t.c, r, r1);
-      last = ch.keys[r1 - 1];
-      have_last = true;
-    }
-    pos[t.c] = r1;
-    if (r1 < n) {
-      heap.push_back({ch.keys[r1], ch.seq, t.c});
-      std::push_heap(heap.begin(), heap.end(), later);
-    }
-  }
+  MergeNewestFirst(
+      order, cs.size(), [&](uint32_t c) { return cs[c].keys.size(); },
+      [&](uint32_t c, uint64_t r) { return cs[c].keys[r]; }, [&](uint32_t c) { return cs[c].seq; },
+      [&](uint32_t c, uint64_t r, uint64_t bound) {
+        return std::lower_bound(cs[c].keys.begin() + r, cs[c].keys.end(), bound) - cs[c].keys.begin();
+      },
+      [&](uint32_t c, uint64_t r0, uint64_t r1) {
+        sink->EmitRun(c, static_cast<uint32_t>(r0), static_cast<uint32_t>(r1));
+      });
 }
 
 MergeKind MergeChunks(const HVec<uint64_t>* ikeys, const HVec<uint32_t>* ilocs,

@@ -143,43 +143,42 @@ py::list ReadWal(const std::string& path, bool point_in_time) {
   return out;
 }
 
-// Fuzz entry: overwrites the value of one metadata record of a closed store's RocksDB
-// directory: kind 0 a feature record, 1 a page record, 2 the state record; `pick` chooses
-// among the records of that kind.
-void MetaPut(const std::string& dir, int kind, int pick, const std::string& value) {
-  const char prefix = kind == 0 ? 'F' : kind == 1 ? 'P' : 'S';
+// A closed store's RocksDB metadata directory, opened for the two probes below.
+std::unique_ptr<rocksdb::DB> OpenMetaDb(const std::string& dir, bool read_only) {
   rocksdb::Options o;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+  const rocksdb::Status s = read_only ? rocksdb::DB::OpenForReadOnly(o, dir, &raw) : rocksdb::DB::Open(o, dir, &raw);
   if (!s.ok()) throw std::runtime_error(s.ToString());
-  std::unique_ptr<rocksdb::DB> db(raw);
-  std::vector<std::string> keys;
+  return std::unique_ptr<rocksdb::DB>(raw);
+}
+
+// The record of kind `kind` (0 a feature record, 1 a page record, 2 the state record) that
+// `pick` chooses among those of that kind: its key and value.
+std::pair<std::string, std::string> PickMetaRecord(rocksdb::DB* db, int kind, int pick) {
+  const char prefix = kind == 0 ? 'F' : kind == 1 ? 'P' : 'S';
+  std::vector<std::pair<std::string, std::string>> recs;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(std::string(1, prefix)); it->Valid() && it->key().size() && it->key()[0] == prefix; it->Next())
-    keys.push_back(it->key().ToString());
-  it.reset();
-  if (keys.empty()) throw std::runtime_error("no record of that kind");
+    recs.emplace_back(it->key().ToString(), it->value().ToString());
+  if (recs.empty()) throw std::runtime_error("no record of that kind");
+  return recs[static_cast<size_t>(pick) % recs.size()];
+}
+
+// Fuzz entry: overwrites the value of one metadata record of a closed store (kinds and
+// `pick` as PickMetaRecord).
+void MetaPut(const std::string& dir, int kind, int pick, const std::string& value) {
+  std::unique_ptr<rocksdb::DB> db = OpenMetaDb(dir, false);
+  const std::string key = PickMetaRecord(db.get(), kind, pick).first;
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  s = db->Put(wo, keys[static_cast<size_t>(pick) % keys.size()], value);
+  const rocksdb::Status s = db->Put(wo, key, value);
   if (!s.ok()) throw std::runtime_error(s.ToString());
 }
 
 // The value of one metadata record of a closed store (kinds as MetaPut): lets a test rewrite
 // a record as an older version wrote it (the state record without its later fields).
 py::bytes MetaGet(const std::string& dir, int kind, int pick) {
-  const char prefix = kind == 0 ? 'F' : kind == 1 ? 'P' : 'S';
-  rocksdb::Options o;
-  rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(o, dir, &raw);
-  if (!s.ok()) throw std::runtime_error(s.ToString());
-  std::unique_ptr<rocksdb::DB> db(raw);
-  std::vector<std::pair<std::string, std::string>> recs;
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(std::string(1, prefix)); it->Valid() && it->key().size() && it->key()[0] == prefix; it->Next())
-    recs.emplace_back(it->key().ToString(), it->value().ToString());
-  if (recs.empty()) throw std::runtime_error("no record of that kind");
-  return py::bytes(recs[static_cast<size_t>(pick) % recs.size()].second);
+  return py::bytes(PickMetaRecord(OpenMetaDb(dir, true).get(), kind, pick).second);
 }
 
 }  // namespace

@@ -82,15 +82,31 @@ Status IoRing::Create(unsigned depth, uint32_t slot_bytes, std::unique_ptr<IoRin
   int rc = io_uring_queue_init(depth * 2, &r->ring_, 0);
   if (rc < 0) return Status::FromErrno("io_uring_queue_init", "(ring)", -rc);
   r->ring_ok_ = true;
-  r->slots_ = AlignedBuffer(static_cast<size_t>(depth) * slot_bytes);
-  std::vector<iovec> iov(depth);
-  for (unsigned i = 0; i < depth; i++) {
-    iov[i].iov_base = r->slots_.data() + static_cast<size_t>(i) * slot_bytes;
-    iov[i].iov_len = slot_bytes;
+  *out = std::move(r);
+  return Status::OK();
+}
+
+// The slots are mapped and registered at the first read, not when the ring is made. Why:
+// registering pins, so it faults in the whole arena (depth x slot_bytes, 8 MiB by default) at
+// once, and fresh memory on this kind of virtual machine faults in slowly as huge pages
+// (huge_alloc.cc): 10-20 ms, up to half of a cold process's writable open. A ring that only
+// writes (WriteRuns writes from the caller's pages; a small upsert's flush runs no read) now
+// never pays it. Pooled rings keep their slots, so later reads find them ready.
+Status IoRing::PrepareSlots() {
+  if (slots_.data()) return Status::OK();
+  try {
+    slots_ = AlignedBuffer(static_cast<size_t>(depth_) * slot_bytes_);
+  } catch (const std::bad_alloc&) {
+    return Status::IOError("cannot allocate " + std::to_string(static_cast<size_t>(depth_) * slot_bytes_) +
+                           " bytes of read buffers for an io_uring ring");
+  }
+  std::vector<iovec> iov(depth_);
+  for (unsigned i = 0; i < depth_; i++) {
+    iov[i].iov_base = slots_.data() + static_cast<size_t>(i) * slot_bytes_;
+    iov[i].iov_len = slot_bytes_;
   }
   // Registration can fail under a low RLIMIT_MEMLOCK; plain reads still work then.
-  r->registered_ = io_uring_register_buffers(&r->ring_, iov.data(), depth) == 0;
-  *out = std::move(r);
+  registered_ = io_uring_register_buffers(&ring_, iov.data(), depth_) == 0;
   return Status::OK();
 }
 
@@ -162,6 +178,7 @@ Status IoRing::Abandon(Status status, unsigned inflight) {
 
 Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                         const RunCallback& cb, const IdleFn& idle, uint64_t max_inflight_bytes) {
+  RF_RETURN_IF_ERROR(PrepareSlots());
   struct Pending {
     size_t run = 0;
     uint32_t done = 0;  // bytes already read (short reads are resubmitted)
@@ -336,6 +353,7 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
 
 Status IoRing::ReadBlocks(int fd, const std::string& path, const std::vector<Block>& blocks, const BlockCallback& cb,
                           const IdleFn& idle) {
+  RF_RETURN_IF_ERROR(PrepareSlots());
   wait_seconds_ = 0;
   std::vector<size_t> slot_block(depth_);
   std::vector<uint32_t> slot_done(depth_, 0);
@@ -513,19 +531,28 @@ IoRingPool* IoRingPool::Shared(unsigned depth, uint32_t slot_bytes) {
   return p.get();
 }
 
-Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out) {
+Status IoRingPool::Acquire(std::unique_ptr<IoRing>* out, bool reads) {
   {
     MutexLock l(&mu_);
-    while (!free_.empty()) {
-      std::unique_ptr<IoRing> r = std::move(free_.back());
-      free_.pop_back();
-      if (r->owner_pid() != ::getpid()) {
-        // Inherited through fork(): the kernel ring is the parent's. Leak it (its memory is
-        // this process's copy) rather than unregister the parent's buffers.
-        (void)r.release();
-        continue;
+    // Inherited through fork(): the kernel ring is the parent's. Leak it (its memory is this
+    // process's copy) rather than unregister the parent's buffers.
+    for (auto it = free_.begin(); it != free_.end();) {
+      if ((*it)->owner_pid() != ::getpid()) {
+        (void)it->release();
+        it = free_.erase(it);
+      } else {
+        ++it;
       }
-      *out = std::move(r);
+    }
+    if (!free_.empty()) {
+      auto pick = free_.end() - 1;  // the most recently released, unless one of the right kind idles
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it)
+        if ((*it)->has_slots() == reads) {
+          pick = std::next(it).base();
+          break;
+        }
+      *out = std::move(*pick);
+      free_.erase(pick);
       return Status::OK();
     }
   }

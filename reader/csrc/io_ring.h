@@ -73,6 +73,8 @@ class IoRing {
   ~IoRing();
 
   uint32_t slot_bytes() const { return slot_bytes_; }
+  // Whether the read slots exist yet (made by the first read, see PrepareSlots).
+  bool has_slots() const { return slots_.data() != nullptr; }
   // Every call below returns with nothing in flight, also on errors (a failed submit, a
   // failed read, a callback's error): the ring can go back to the pool and be reused. A ring
   // that could not be drained (the kernel refused every submit) reports broken() and the
@@ -110,6 +112,8 @@ class IoRing {
 
  private:
   IoRing() = default;
+  // Maps and registers the read slots on first use (see io_ring.cc).
+  Status PrepareSlots();
   // io_uring_submit_and_wait with the test-only fault hook (kind ring_submit).
   int Submit(unsigned wait_nr, const std::string& path);
   // After an error: submits what is queued and reaps until `inflight` requests completed.
@@ -124,7 +128,7 @@ class IoRing {
   bool ring_ok_ = false;
   unsigned depth_ = 0;
   uint32_t slot_bytes_ = 0;
-  AlignedBuffer slots_;  // depth_ slots of slot_bytes_, registered with the ring
+  AlignedBuffer slots_;  // depth_ slots of slot_bytes_, registered with the ring; empty until the first read
   bool registered_ = false;
   int owner_pid_ = 0;
   uint64_t peak_inflight_bytes_ = 0;
@@ -143,7 +147,10 @@ class IoRingPool {
       : depth_(depth), slot_bytes_(slot_bytes), max_idle_(max_idle) {}
   // The process-wide pool for rings of this shape (never destroyed).
   static IoRingPool* Shared(unsigned depth, uint32_t slot_bytes);
-  Status Acquire(std::unique_ptr<IoRing>* out);
+  // `reads`: the lease will read (a scan's, a get's). An idle ring of that kind is preferred,
+  // with read slots for reads and without for a store's write ring (which may never read), so
+  // that neither a scan faults in slots an idle ring already had nor a write ring sits on them.
+  Status Acquire(std::unique_ptr<IoRing>* out, bool reads = true);
   void Release(std::unique_ptr<IoRing> r);
 
  private:

@@ -37,7 +37,11 @@ def test_benchmark_quick_writes_valid_json(tmp_path):
     for s in ("8", "39"):
         for kind in ("recflash", "parquet_cold", "parquet_warm"):
             assert res["read"][s][kind]["samples_per_s"] > 0
-    assert res["update"]["items"] == 1000 and res["update"]["recflash_upsert_seconds"] > 0
+    u = res["update"]
+    assert u["items"] == 1000 and u["recflash_upsert_seconds"] > 0
+    # --quick: two update rounds of different keys (the run verified every key's last value)
+    assert u["rounds"] == 2 and len(u["recflash_upsert_seconds_rounds"]) == 2
+    assert len(u["parquet_rewrite_seconds_rounds"]) == 2 and 1000 < u["distinct_keys_updated"] <= 2000
     assert res["disk"]["store_bytes_per_item"] > 0 and res["disk"]["parquet_none_bytes_per_item"] > 0
     assert set(res["targets"]) == {"read_8_of_39_vs_parquet", "update_5pct_speedup",
                                    "bytes_per_item_vs_uncompressed_parquet",

@@ -360,6 +360,13 @@ def _key_range(key_range: KeyRange) -> Tuple[int, int]:
     return lo, hi
 
 
+def _range_size(lo: int, key_range: KeyRange) -> int:
+    """How many keys the user's range admits: [lo, hi), or [lo, 2**64) without an upper bound."""
+    if key_range is None or key_range[1] is None:
+        return (1 << 64) - lo
+    return int(key_range[1]) - lo
+
+
 def _ends_at_max(key_range: KeyRange) -> bool:
     return key_range is not None and key_range[1] is not None and int(key_range[1]) == _MAX_KEY
 
@@ -531,7 +538,9 @@ class Store:
         read with :meth:`scan_keys` (no value is read or decoded), so
         ``scan_many(a, rows_of=b)`` has exactly the rows of ``scan_many(a + b)`` and the
         columns ``key`` + ``a``. ``features`` may then be empty (a table of keys alone).
-        ``last_read_stats()`` then sums all the reads of the call. The features of ``rows_of``
+        ``last_read_stats()`` then sums all the reads of the call. Once one feature holds every
+        key of ``key_range`` (a label column over row-numbered keys), the rows are the whole
+        range and the remaining ``rows_of`` features are not read. The features of ``rows_of``
         are separate engine reads: on a read-only handle they all see the snapshot of its open;
         on a writable handle, writes another thread makes between them can show up in some
         and not others (as between two separate scans)."""
@@ -555,11 +564,20 @@ class Store:
             cols, st = self._s.scan_many(features, lo, hi)
             stats.append(st)
             cols = _drop_max(cols, key_range)
+        # A feature that holds every key of the range (a label column, row numbers as keys)
+        # already makes the rows the whole range: no other feature can add one, so the
+        # remaining rows_of features are not read.
+        span = _range_size(lo, key_range)
+        covered = any(len(c[0]) == span for c in cols)
         more = []
         for n in rows_of:
+            if covered:
+                break
             keys, st = self._s.scan_keys(n, lo, hi)
             stats.append(st)
-            more.append(_drop_max_key(keys, key_range))
+            keys = _drop_max_key(keys, key_range)
+            covered = len(keys) == span
+            more.append(keys)
         self._tls.stats = _sum_stats(stats)
         arrays = [f.decode(values, offsets, len(keys)) for f, (keys, values, offsets, _) in zip(fs, cols)]
         return _outer_join(features, [c[0] for c in cols], arrays, more)

@@ -357,3 +357,35 @@ def test_scan_many_rows_of_has_the_rows_of_every_feature(store_path):
             r.scan_many(["sel"], rows_of=[3])
         with pytest.raises(UnknownFeatureError, match="'zz'"):
             r.scan_many(["sel"], rows_of=["zz"])
+
+
+def test_rows_of_not_read_once_a_feature_covers_the_range(store_path):
+    """A feature holding every key of the range (a label over row numbers) makes the rows the
+    whole range: the rows_of features are then not read, and the rows are still the union."""
+    with Store.open(store_path, small_options()) as s:
+        s.create_feature("label", "float32")
+        s.create_feature("sparse", "int64")
+        s.create_feature("sparse2", "binary")
+        s.put("label", np.arange(0, 3000, dtype=np.uint64), np.ones(3000, dtype=np.float32))
+        s.put("sparse", np.arange(0, 3000, 7, dtype=np.uint64), np.arange(0, 3000, 7, dtype=np.int64))
+        s.put("sparse2", np.array([5, 3100], dtype=np.uint64), [b"a", b"b"])
+        s.flush()
+        s.delete("label", np.array([14], dtype=np.uint64))  # a hole: key 14 is then sparse's alone
+    with Store.open(store_path, read_only=True) as r:
+        for kr, covered in (((0, 10), True), ((100, 2000), True), ((15, 3000), True), ((0, 3000), False),
+                            ((5, 20), False), ((2990, None), False), (None, False)):
+            full = r.scan_many(["label", "sparse", "sparse2"], key_range=kr)
+            got = r.scan_many(["label"], key_range=kr, rows_of=["sparse", "sparse2"])
+            st = r.last_read_stats()
+            assert got.equals(full.select(["key", "label"])), kr
+            r.scan_many(["label"], key_range=kr)
+            alone = r.last_read_stats()
+            if covered:  # only the label was read
+                assert all(st[f] == alone[f] for f in ("pages_read", "items", "useful_bytes")), (kr, st, alone)
+            else:  # the rows_of features were read too
+                assert st["items"] > alone["items"], (kr, st, alone)
+            # rows_of alone: reading stops at the first feature that covers the range
+            assert r.scan_many([], key_range=kr, rows_of=["label", "sparse", "sparse2"]).equals(full.select(["key"]))
+        assert r.scan_many(["label"], key_range=(0, 10), rows_of=["sparse"]).num_rows == 10
+        keys = r.scan_many(["label"], key_range=(0, 3000), rows_of=["sparse"]).column("key").to_pylist()
+        assert keys == list(range(3000))  # key 14 from sparse

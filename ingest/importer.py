@@ -413,17 +413,24 @@ def _record_end(journal: Optional[Journal], state: Optional[dict], how: str,
 
 def _changed_files(state: dict, source: Source, upto: Optional[int], what: str) -> str:
     """"<file> changed since <what> read it (...)" for the first input file (up to index
-    ``upto``; all when None) whose size or mtime differs from the journal's record, or ""."""
+    ``upto``; all when None) whose size, mtime, inode change time or inode number differs from
+    the journal's record, or "". (Journals of earlier versions have no inode fields: size and
+    mtime decide for them.)"""
     recorded = state.get("files") or []
     for i, (old, new) in enumerate(zip(recorded, source.files())):
         if upto is not None and i > upto:
             break
-        if old["size"] != new["size"] or old["mtime_ns"] != new["mtime_ns"]:
-            how = []
-            if old["size"] != new["size"]:
-                how.append(f"size {old['size']:,} -> {new['size']:,} bytes")
-            if old["mtime_ns"] != new["mtime_ns"]:
-                how.append("modified since")
+        how = []
+        if old["size"] != new["size"]:
+            how.append(f"size {old['size']:,} -> {new['size']:,} bytes")
+        if old["mtime_ns"] != new["mtime_ns"]:
+            how.append("modified since")
+        elif old.get("ino", new["ino"]) != new["ino"]:
+            how.append("same size and modification time, but another file (inode) by that name")
+        elif old.get("ctime_ns", new["ctime_ns"]) != new["ctime_ns"]:
+            how.append("same size and modification time, but its inode changed since: rewritten with the "
+                       "modification time set back, or its permissions, owner or links changed")
+        if how:
             return f"{new['path']} changed since {what} read it ({', '.join(how)})"
     return ""
 

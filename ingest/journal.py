@@ -8,8 +8,9 @@ the end) the importer calls ``store.sync()`` (the chunks written so far are in p
 beyond the journal's position (a crash between the two) are written again on resume with the
 same keys and values — puts are upserts by key, so nothing is duplicated.
 
-The journal also records each input file's identity (path, size, mtime): a resumed import
-refuses files that changed since, unless ``--restart``; so does the rerun of a completed import.
+The journal also records each input file's identity (path, size, mtime, inode change time,
+inode number): a resumed import refuses files that changed since, unless ``--restart``; so does
+the rerun of a completed import.
 
 ``status`` is ``"running"`` until the job completes (``"done"``); a job that is not done is
 resumed by the same command. Each run also records its process (``pid``, ``host``,
@@ -38,8 +39,13 @@ def job_id(identity: dict) -> str:
 
 
 def file_identity(path: str) -> dict:
+    """What a later run compares to tell whether the file changed. Size and mtime alone miss a
+    file rewritten to the same size with its mtime set back (``touch -d``, ``rsync -t`` of
+    changed content): the inode change time, which no user call can set back, and the inode
+    number (a file replaced by another) catch that."""
     st = os.stat(path)
-    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
 
 def _host() -> str:

@@ -156,7 +156,7 @@ def test_crash_after_a_checkpointed_open_rebuilds(store_path, point):
 
 def _index_runs(data: bytes) -> dict:
     """Feature id -> [(byte offset of the run's location, location, count)] of a CHECKPOINT
-    (store_open.cc WriteCheckpoint, key_index.cc Serialize), for dense and raw-key indexes."""
+    (store_checkpoint.cc WriteCheckpoint, key_index.cc Serialize), for dense and raw-key indexes."""
     import struct
     at = 8 + 8 + 8
     (nf,) = struct.unpack_from("<I", data, at)

@@ -33,7 +33,10 @@
 // express.
 //
 // Sources by concern: store.cc (lifetime, feature catalog, close), store_open.cc (open,
-// recovery, checkpoint), store_write.cc (group commit, flush, page commit),
+// recovery, read-only handles racing a writer), store_wal_replay.cc (the WAL at open),
+// store_key_index.cc (valid counts and key indexes: derived, rebuilt, decoded on use),
+// store_checkpoint.cc (the derived state saved by a clean close), store_write.cc (group
+// commit, flush, page commit),
 // store_rewrite.cc (merge and reclamation execution), store_read.cc (scans, get),
 // store_keys.cc (keys-only scans), store_gather.cc (embedding-row gathers), store_stats.cc
 // (stats JSON); version_set.h, scan_merge.h, key_merge.h, write_batch.h and filename.h hold

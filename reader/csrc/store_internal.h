@@ -1,4 +1,5 @@
-// Internals shared by the Store's translation units (store.cc, store_open.cc, store_write.cc,
+// Internals shared by the Store's translation units (store.cc, store_open.cc,
+// store_wal_replay.cc, store_key_index.cc, store_checkpoint.cc, store_write.cc,
 // store_rewrite.cc, store_read.cc, store_keys.cc, store_gather.cc, store_stats.cc). Not part
 // of the API.
 #pragma once

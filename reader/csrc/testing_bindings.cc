@@ -175,6 +175,17 @@ void MetaPut(const std::string& dir, int kind, int pick, const std::string& valu
   if (!s.ok()) throw std::runtime_error(s.ToString());
 }
 
+// Deletes one metadata record of a closed store (kinds and `pick` as PickMetaRecord): the
+// records RocksDB lost, or a read-only view of it that a writer's flush left inconsistent.
+void MetaDelete(const std::string& dir, int kind, int pick) {
+  std::unique_ptr<rocksdb::DB> db = OpenMetaDb(dir, false);
+  const std::string key = PickMetaRecord(db.get(), kind, pick).first;
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  const rocksdb::Status s = db->Delete(wo, key);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+
 // The value of one metadata record of a closed store (kinds as MetaPut): lets a test rewrite
 // a record as an older version wrote it (the state record without its later fields).
 py::bytes MetaGet(const std::string& dir, int kind, int pick) {
@@ -227,6 +238,7 @@ void RegisterTestingBindings(py::module_& parent) {
   m.def("read_wal", &ReadWal, py::arg("path"), py::arg("point_in_time") = true);
   m.def("meta_put", &MetaPut, py::arg("dir"), py::arg("kind"), py::arg("pick"), py::arg("value"));
   m.def("meta_get", &MetaGet, py::arg("dir"), py::arg("kind"), py::arg("pick"));
+  m.def("meta_delete", &MetaDelete, py::arg("dir"), py::arg("kind"), py::arg("pick"));
   m.def("load_block_sums", [](const std::string& path, uint32_t page_size, uint32_t block_size) {
     BlockSums b(page_size, block_size);
     b.Load(path);

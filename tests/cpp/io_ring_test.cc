@@ -77,17 +77,20 @@ TEST_F(IoRingTest, PoolGivesReadersRingsWithSlotsAndWritersRingsWithout) {
   ReadAll(reader.get());
   IoRing* const with_slots = reader.get();
   IoRing* const without = writer.get();
-  // Released in either order, each kind goes back to a lease of its kind.
+  // Released in either order, each kind goes back to a lease of its kind, whichever lease
+  // comes first (the ring a lease prefers is never simply the last one released).
   for (int order = 0; order < 2; order++) {
     if (order == 0) {
       pool.Release(std::move(reader));
-      pool.Release(std::move(writer));
+      pool.Release(std::move(writer));  // idle: [with slots, without]
+      ASSERT_TRUE(pool.Acquire(&reader).ok());
+      ASSERT_TRUE(pool.Acquire(&writer, /*reads=*/false).ok());
     } else {
       pool.Release(std::move(writer));
-      pool.Release(std::move(reader));
+      pool.Release(std::move(reader));  // idle: [without, with slots]
+      ASSERT_TRUE(pool.Acquire(&writer, /*reads=*/false).ok());
+      ASSERT_TRUE(pool.Acquire(&reader).ok());
     }
-    ASSERT_TRUE(pool.Acquire(&writer, /*reads=*/false).ok());
-    ASSERT_TRUE(pool.Acquire(&reader).ok());
     EXPECT_EQ(writer.get(), without) << "order " << order;
     EXPECT_EQ(reader.get(), with_slots) << "order " << order;
     EXPECT_TRUE(reader->has_slots());

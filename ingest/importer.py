@@ -217,6 +217,10 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         if mismatched:
             raise BadInputError("the store already has feature(s) of other types: " + ", ".join(
                 f"{n} is {a}, the input gives {b}" for n, (a, b) in mismatched.items()) + ". Nothing was imported.")
+        # The input files as this run reads them, recorded with every checkpoint: a file
+        # changed during the run (after its rows were read) must not enter the journal as the
+        # identity those rows came from, or a rerun would call it unchanged.
+        files = source.files()
         if state is not None:
             changed = _changed_files(state, source, upto=(state.get("position") or {}).get("file", 0),
                                      what="the interrupted import")
@@ -242,7 +246,7 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
             position = None
             for name, t in schema.items():
                 store.create_feature(name, t)
-            state = _state(identity, source, "running", None, key_start, next_key, 0, 0, [])
+            state = _state(identity, files, "running", None, key_start, next_key, 0, 0, [])
             journal.save(state)
         # From here on the job is this run's: a run that stops without completing records how.
         last_state = state
@@ -297,7 +301,7 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
                     if len(sample) < SAMPLE_BAD_LINES:
                         sample.append(b.as_dict())
                 # Fully written: this is where a resume may continue once it is durable.
-                pending = _state(identity, source, "running", chunk.position, key_start, next_key, rows_total,
+                pending = _state(identity, files, "running", chunk.position, key_start, next_key, rows_total,
                                  skipped_total, sample)
                 pending_bytes += chunk_bytes
                 # Sync before the store's buffer would fill during the next chunk (chunks are of
@@ -335,7 +339,7 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         result.bad_line_sample = sample
         result.write_seconds = write_s
         if result.status == "done":
-            journal.save(_state(identity, source, "done", None, key_start, next_key, rows_total, skipped_total,
+            journal.save(_state(identity, files, "done", None, key_start, next_key, rows_total, skipped_total,
                                 sample))
             last_state = None
         t0 = time.perf_counter()
@@ -386,9 +390,9 @@ def _write_chunk(store, puts: list[tuple[str, np.ndarray, Any]]) -> tuple[int, i
     return written, nbytes
 
 
-def _state(identity: dict, source: Source, status: str, position: Optional[dict], key_start: int, next_key: int,
+def _state(identity: dict, files: list[dict], status: str, position: Optional[dict], key_start: int, next_key: int,
            rows: int, skipped: int, sample: list[dict]) -> dict:
-    return {"status": status, "identity": identity, "files": source.files(), "position": position,
+    return {"status": status, "identity": identity, "files": files, "position": position,
             "key_start": key_start, "next_key": next_key, "rows": rows, "bad_lines_skipped": skipped,
             "bad_line_sample": sample, "ended": None, "error": None, **process_identity()}
 

@@ -254,6 +254,32 @@ def test_completed_import_refuses_same_size_content_with_its_mtime_set_back(tmp_
         assert s.scan("a").column("value").to_pylist() == [1, 3]  # (the old values: what that check missed)
 
 
+def test_input_changed_during_the_import_is_not_recorded_as_what_was_read(tmp_path):
+    """The journal records the input as the run began reading it: a file changed while the
+    import ran (here its permissions, after its rows were written) must not enter the journal
+    as the identity those rows came from, or the rerun would report "nothing to do"."""
+    import os
+
+    from recflash.ingest.importer import ImportOptions, run_import
+    from recflash.ingest.sources import CsvSource
+
+    src = tmp_path / "r3.csv"
+    src.write_text("a,b\n1,2\n3,4\n")
+    store = tmp_path / "rd"
+    changed = []
+
+    def progress(_):
+        if not changed:
+            time.sleep(0.01)
+            os.chmod(src, 0o600)
+            changed.append(True)
+
+    res = run_import(CsvSource([str(src)]), str(store), ImportOptions(write_buffer_mb=8), progress=progress)
+    assert res.status == "done" and changed
+    r = invoke("import", "csv", src, "--store", store, "-q", *SMALL)
+    assert r.exit_code == 2 and "changed since the completed import read it" in r.flat, r.flat
+
+
 # -- 7: job status in recflash stats -----------------------------------------------------------
 
 

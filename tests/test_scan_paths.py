@@ -113,8 +113,9 @@ def test_index_guided_scan_during_flushes(store_path):
 
 def test_random_64bit_keys_roundtrip_and_store_format(store_path):
     """Random 64-bit ids (stored raw: varint deltas of 6-8 bytes decode slower than they
-    save) round-trip through flushes, merges and compact(); the store marker names format 3,
-    a format 2 store still opens, an unknown format is refused by name."""
+    save) round-trip through flushes, merges and compact(); the store marker names format 5,
+    format 2 and 4 stores still open (a writable open upgrades their marker), an unknown
+    format is refused by name."""
     from recflash.reader import NotAStoreError
 
     rng = np.random.default_rng(5)
@@ -136,13 +137,21 @@ def test_random_64bit_keys_roundtrip_and_store_format(store_path):
             assert np.array_equal(tab.column("value").to_numpy(), vals)
     marker = os.path.join(store_path, "RECFLASH")
     text = open(marker).read()
-    assert "format 4" in text
+    assert "format 5" in text
+    for old in ("format 2", "format 4"):
+        with open(marker, "w") as f:
+            f.write(text.replace("format 5", old))
+        # a read-only open reads an older store as it is and leaves its marker alone
+        with Store.open(store_path, read_only=True) as st:
+            assert np.array_equal(st.scan("ids").column("key").to_numpy(), keys)
+        assert old in open(marker).read()
+        # a writable open may write what the older format lacks: the marker says so first,
+        # and an older build then refuses the store by its format
+        with Store.open(store_path) as st:
+            assert np.array_equal(st.scan("ids").column("key").to_numpy(), keys)
+        assert open(marker).read() == text
     with open(marker, "w") as f:
-        f.write(text.replace("format 4", "format 2"))
-    with Store.open(store_path) as st:
-        assert np.array_equal(st.scan("ids").column("key").to_numpy(), keys)
-    with open(marker, "w") as f:
-        f.write(text.replace("format 4", "format 9"))
+        f.write(text.replace("format 5", "format 9"))
     with pytest.raises(NotAStoreError, match="format 9"):
         Store.open(store_path)
 

@@ -20,7 +20,9 @@ namespace recflash {
 namespace store_internal {
 
 constexpr const char* kMarkerMagic = "recflash store";
-constexpr int kFormatVersion = 4;     // 2: aligned fixed-width values; 3: raw u64 keys; 4: dictionaries
+// 2: aligned fixed-width values; 3: raw u64 keys; 4: dictionaries; 5: the WAL files from
+// wal_start consecutive (a state-record byte). A writable open upgrades an older store's marker.
+constexpr int kFormatVersion = 5;
 constexpr int kMinFormatVersion = 2;
 // A flush builds its appends on several threads only with at least this many items per thread
 // (about 100 packed pages): below, a thread's start and its partly filled page cost more than

@@ -22,6 +22,21 @@ using namespace store_internal;
 
 namespace {
 bool WriterHoldsLock(const std::string& path);  // below
+
+// Writes the store's marker (magic, this build's format, the page size) atomically: a
+// temporary file renamed over it, the directory synced.
+Status WriteMarker(const std::string& path, uint32_t page_size) {
+  const std::string tmp = StoreFileName(path, FileKind::kMarkerTemp);
+  {
+    std::ofstream m(tmp, std::ios::trunc);
+    m << kMarkerMagic << "\nformat " << kFormatVersion << "\npage_size " << page_size << "\n";
+    m.flush();
+    if (!m) return Status::IOError("cannot write '" + tmp + "'");
+  }
+  const std::string marker = StoreFileName(path, FileKind::kMarker);
+  if (::rename(tmp.c_str(), marker.c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
+  return SyncDir(path);
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -125,6 +140,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     if (ec) return Status::IOError("cannot create store directory '" + path + "': " + ec.message());
   }
   const fs::path marker = StoreFileName(path, FileKind::kMarker);
+  int marker_format = 0;  // the format the store's marker names
   if (!fs::exists(marker, ec)) {
     std::vector<std::string> found;
     for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -136,15 +152,8 @@ Status StoreImpl::OpenImpl(const std::string& path) {
       return Status::NotAStore("'" + path + "' is not a recflash store: no " + FileBaseName(FileKind::kMarker) +
                                " marker, and the directory is not empty (" + list + ")");
     }
-    const std::string tmp = StoreFileName(path, FileKind::kMarkerTemp);
-    {
-      std::ofstream m(tmp, std::ios::trunc);
-      m << kMarkerMagic << "\nformat " << kFormatVersion << "\npage_size " << ps << "\n";
-      m.flush();
-      if (!m) return Status::IOError("cannot write '" + tmp + "'");
-    }
-    if (::rename(tmp.c_str(), marker.c_str()) != 0) return Status::FromErrno("rename", tmp, errno);
-    RF_RETURN_IF_ERROR(SyncDir(path));
+    RF_RETURN_IF_ERROR(WriteMarker(path, ps));
+    marker_format = kFormatVersion;
   } else {
     std::ifstream m(marker);
     std::string line, magic;
@@ -164,6 +173,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
       return Status::NotAStore("'" + path + "' has store format " + std::to_string(format) + "; this build reads formats " +
                                std::to_string(kMinFormatVersion) + " to " + std::to_string(kFormatVersion));
     o_.page_size = stored_ps;  // the page size is fixed at creation
+    marker_format = format;
   }
 
   // Parked helpers: the lanes of index placement (scan_threads - 1 per scan), and the sweep and
@@ -210,6 +220,10 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     return Status::Locked("store '" + path + "' is already open for writing (its LOCK is held by another process or "
                           "another Store object in this process)");
   }
+  // A writer of this build may write what older formats do not know (dictionary pages, the
+  // WAL rules of format 5), so the marker says this format before anything is written: an
+  // older build then refuses the store by its format instead of misreading it.
+  if (marker_format < kFormatVersion) RF_RETURN_IF_ERROR(WriteMarker(path, o_.page_size));
 
   wal_dir_ = StoreFileName(path, FileKind::kWalDir);
   wal_dir_created_ = !fs::exists(wal_dir_, ec);

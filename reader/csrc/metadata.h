@@ -176,6 +176,10 @@ struct PersistentState {
   // from the session's first flush, which starts a fresh run. False in records written before
   // the rule, whose writers unlinked empty files at open and left gaps.
   bool wal_files_consecutive = false;
+
+  // The same commit's state (every field: a commit that writes no page, such as
+  // create_feature, still moves next_fid and the counters of what it committed).
+  bool operator==(const PersistentState&) const = default;
 };
 
 // RocksDB-backed persistence of the tables.

@@ -318,18 +318,6 @@ bool WriterHoldsLock(const std::string& path) {
 
 }  // namespace
 
-namespace {
-
-// Whether two state records are the same commit's: every field (a commit that writes no page,
-// such as create_feature, still moves next_fid and the counters of what it committed).
-bool SameState(const PersistentState& a, const PersistentState& b) {
-  return a.next_seq == b.next_seq && a.wal_start == b.wal_start && a.next_fid == b.next_fid &&
-         a.user_bytes_written == b.user_bytes_written && a.pages_written == b.pages_written &&
-         a.wal_start_kept == b.wal_start_kept && a.wal_files_consecutive == b.wal_files_consecutive;
-}
-
-}  // namespace
-
 bool StoreImpl::WriterMovedOn() {
   if (WriterHoldsLock(path_)) return true;
   // No writer now, but one may have committed and closed (releasing the LOCK) while this open
@@ -343,7 +331,7 @@ bool StoreImpl::WriterMovedOn() {
     if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     PersistentState now;
     if (MetaStore::ReadCurrentState(StoreFileName(path_, FileKind::kMetaDir), &now).ok())
-      return !SameState(now, pstate_);
+      return now != pstate_;
   }
   return false;
 }

@@ -196,8 +196,12 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
             # Forgotten; the journal file stays until this run saves its own state (same job
             # id, same file), so a restart refused below leaves the earlier record as it was.
             state = None
+        # The input files as this run reads them, recorded with every checkpoint: a file
+        # changed during the run (after its rows were read) must not enter the journal as the
+        # identity those rows came from, or a rerun would call it unchanged.
+        files = source.files()
         if state is not None and state.get("status") == "done":
-            changed = _changed_files(state, source, upto=None, what="the completed import")
+            changed = _changed_files(state, files, upto=None, what="the completed import")
             if changed:
                 raise BadInputError(
                     f"{changed}; nothing was imported. To import it "
@@ -217,12 +221,8 @@ def run_import(source: Source, store_path: str, opts: ImportOptions,
         if mismatched:
             raise BadInputError("the store already has feature(s) of other types: " + ", ".join(
                 f"{n} is {a}, the input gives {b}" for n, (a, b) in mismatched.items()) + ". Nothing was imported.")
-        # The input files as this run reads them, recorded with every checkpoint: a file
-        # changed during the run (after its rows were read) must not enter the journal as the
-        # identity those rows came from, or a rerun would call it unchanged.
-        files = source.files()
         if state is not None:
-            changed = _changed_files(state, source, upto=(state.get("position") or {}).get("file", 0),
+            changed = _changed_files(state, files, upto=(state.get("position") or {}).get("file", 0),
                                      what="the interrupted import")
             if changed:
                 raise BadInputError(f"{changed}; run the same command "
@@ -415,13 +415,13 @@ def _record_end(journal: Optional[Journal], state: Optional[dict], how: str,
         pass
 
 
-def _changed_files(state: dict, source: Source, upto: Optional[int], what: str) -> str:
+def _changed_files(state: dict, files: list[dict], upto: Optional[int], what: str) -> str:
     """"<file> changed since <what> read it (...)" for the first input file (up to index
     ``upto``; all when None) whose size, mtime, inode change time or inode number differs from
     the journal's record, or "". (Journals of earlier versions have no inode fields: size and
     mtime decide for them.)"""
     recorded = state.get("files") or []
-    for i, (old, new) in enumerate(zip(recorded, source.files())):
+    for i, (old, new) in enumerate(zip(recorded, files)):
         if upto is not None and i > upto:
             break
         how = []

@@ -65,27 +65,25 @@ def _proc_stat(pid: int) -> Optional[list[bytes]]:
         return None
 
 
-def _start_ticks(pid: int) -> Optional[int]:
-    """The start time of process ``pid`` (clock ticks since boot, Linux), or None if unknown;
-    with the pid it tells a process apart from a later one that got the same pid."""
-    fields = _proc_stat(pid)
+def _start_ticks(fields: Optional[list[bytes]]) -> Optional[int]:
+    """The start time in a process's ``_proc_stat`` fields (clock ticks since boot, Linux), or
+    None if unknown; with the pid it tells a process apart from a later one that got the same pid."""
     try:
         return int(fields[19]) if fields is not None else None
     except (ValueError, IndexError):
         return None
 
 
-def _exited(pid: int) -> bool:
-    """Whether ``pid`` has exited but not been reaped yet (a zombie, state Z or X): it still
-    answers ``kill(pid, 0)`` but will never write its journal again."""
-    fields = _proc_stat(pid)
+def _exited(fields: Optional[list[bytes]]) -> bool:
+    """Whether a process's ``_proc_stat`` fields say it has exited but not been reaped yet (a
+    zombie, state Z or X): it still answers ``kill(pid, 0)`` but will never write its journal again."""
     return bool(fields) and fields[0] in (b"Z", b"X")
 
 
 def process_identity() -> dict:
     """The fields a run records about its own process."""
     pid = os.getpid()
-    return {"pid": pid, "host": _host(), "pid_start": _start_ticks(pid)}
+    return {"pid": pid, "host": _host(), "pid_start": _start_ticks(_proc_stat(pid))}
 
 
 def _process_state(state: dict) -> str:
@@ -101,10 +99,11 @@ def _process_state(state: dict) -> str:
         pass
     except OSError:
         return "unknown"
-    recorded, now = state.get("pid_start"), _start_ticks(pid)
+    fields = _proc_stat(pid)
+    recorded, now = state.get("pid_start"), _start_ticks(fields)
     if recorded is not None and now is not None and recorded != now:
         return "gone"  # the pid belongs to a later process
-    if _exited(pid):
+    if _exited(fields):
         return "gone"  # killed, its parent has not reaped it yet
     return "alive"
 

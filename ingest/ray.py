@@ -252,10 +252,6 @@ class RecFlashDatasource(Datasource):
             return [KEY] + self._features
         return list(cols)
 
-    def _reads(self, columns: List[str]) -> Tuple[List[str], List[str]]:
-        """What a read task scans for ``columns`` (see _split_reads)."""
-        return _split_reads(self._features, columns)
-
     # -- Datasource API --------------------------------------------------------------------
     def get_name(self) -> str:
         return "RecFlash"
@@ -266,12 +262,10 @@ class RecFlashDatasource(Datasource):
             return pa.schema([pa.field(_STUB, pa.null())])
         return pa.schema([pa.field(c, pa.uint64() if c == KEY else self._types[c]) for c in cols])
 
-    def _driver_feature(self, feats: List[str]) -> str:
-        return max(feats, key=lambda f: float(np.asarray(self._ranges[f]["items"], dtype=np.float64).sum()))
-
     def _splits(self, parallelism: int) -> List[Tuple[int, Optional[int], int]]:
         # Every feature's keys are rows, whatever the projection: the largest drives the split.
-        ranges = self._ranges[self._driver_feature(self._features)]
+        driver = max(self._features, key=lambda f: float(np.asarray(self._ranges[f]["items"], dtype=np.float64).sum()))
+        ranges = self._ranges[driver]
         if self._rows_per_task is not None:
             return split_key_range(ranges, self._rows_per_task, self._key_range)
         total = float(np.asarray(ranges["items"], dtype=np.float64).sum())

@@ -143,7 +143,7 @@ def test_one_block_per_read_task(cluster, store):
 
 
 def test_projection_reaches_the_read(cluster, store, capsys):
-    from recflash.ingest.ray import RecFlashDatasource, read_store
+    from recflash.ingest.ray import RecFlashDatasource, _split_reads, read_store
 
     ds = read_store(store, rows_per_task=6000).select_columns(["C3", "key", "I1"])
     got = _all(ds)
@@ -162,7 +162,7 @@ def test_projection_reaches_the_read(cluster, store, capsys):
     # ...and the pushed-down datasource reads the selected feature's values and every other
     # feature's keys alone (for its rows), returning the selected columns only.
     src = RecFlashDatasource(store, rows_per_task=6000).apply_projection({"I1": "I1", "key": "key"})
-    assert src._reads(src._columns()) == (["I1"], [f for f in src._features if f != "I1"])
+    assert _split_reads(src._features, src._columns()) == (["I1"], [f for f in src._features if f != "I1"])
     block = pa.concat_tables([b for t in src.get_read_tasks(1) for b in t()])
     assert block.column_names == ["I1", "key"]
     assert block.sort_by("key").equals(_reference(store, allf).select(["I1", "key"]))

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "reader/csrc/block_sums.h"
 #include "reader/csrc/crc32c.h"
@@ -165,24 +166,14 @@ std::pair<std::string, std::string> PickMetaRecord(rocksdb::DB* db, int kind, in
 }
 
 // Fuzz entry: overwrites the value of one metadata record of a closed store (kinds and
-// `pick` as PickMetaRecord).
-void MetaPut(const std::string& dir, int kind, int pick, const std::string& value) {
+// `pick` as PickMetaRecord), or deletes it (no value): the records RocksDB lost, or a
+// read-only view of it that a writer's flush left inconsistent.
+void MetaPut(const std::string& dir, int kind, int pick, const std::optional<std::string>& value) {
   std::unique_ptr<rocksdb::DB> db = OpenMetaDb(dir, false);
   const std::string key = PickMetaRecord(db.get(), kind, pick).first;
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  const rocksdb::Status s = db->Put(wo, key, value);
-  if (!s.ok()) throw std::runtime_error(s.ToString());
-}
-
-// Deletes one metadata record of a closed store (kinds and `pick` as PickMetaRecord): the
-// records RocksDB lost, or a read-only view of it that a writer's flush left inconsistent.
-void MetaDelete(const std::string& dir, int kind, int pick) {
-  std::unique_ptr<rocksdb::DB> db = OpenMetaDb(dir, false);
-  const std::string key = PickMetaRecord(db.get(), kind, pick).first;
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  const rocksdb::Status s = db->Delete(wo, key);
+  const rocksdb::Status s = value ? db->Put(wo, key, *value) : db->Delete(wo, key);
   if (!s.ok()) throw std::runtime_error(s.ToString());
 }
 
@@ -238,7 +229,8 @@ void RegisterTestingBindings(py::module_& parent) {
   m.def("read_wal", &ReadWal, py::arg("path"), py::arg("point_in_time") = true);
   m.def("meta_put", &MetaPut, py::arg("dir"), py::arg("kind"), py::arg("pick"), py::arg("value"));
   m.def("meta_get", &MetaGet, py::arg("dir"), py::arg("kind"), py::arg("pick"));
-  m.def("meta_delete", &MetaDelete, py::arg("dir"), py::arg("kind"), py::arg("pick"));
+  m.def("meta_delete", [](const std::string& dir, int kind, int pick) { MetaPut(dir, kind, pick, std::nullopt); },
+        py::arg("dir"), py::arg("kind"), py::arg("pick"));
   m.def("load_block_sums", [](const std::string& path, uint32_t page_size, uint32_t block_size) {
     BlockSums b(page_size, block_size);
     b.Load(path);

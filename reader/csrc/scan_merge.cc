@@ -28,22 +28,30 @@ PageMap RefOfPage(const std::vector<PageRef>& refs, size_t lookups) {
 
 }  // namespace
 
+std::pair<size_t, size_t> DecodeKeysInRange(const SegmentView& sv, uint64_t lo, uint64_t hi, bool to_end,
+                                             std::vector<uint64_t>* keys, std::vector<uint8_t>* tomb) {
+  keys->resize(sv.count);  // decoded in place; trimmed to [lo, hi) when partial
+  sv.DecodeKeys(keys->data());
+  size_t a = sv.min_key < lo ? std::lower_bound(keys->begin(), keys->end(), lo) - keys->begin() : 0;
+  const size_t z =
+      !to_end && sv.max_key >= hi ? std::lower_bound(keys->begin(), keys->end(), hi) - keys->begin() : sv.count;
+  a = std::min(a, z);
+  if (z < sv.count) keys->resize(z);
+  if (a > 0) keys->erase(keys->begin(), keys->begin() + a);
+  tomb->clear();
+  if (sv.tomb) {
+    tomb->resize(z - a);
+    for (size_t r = a; r < z; r++) (*tomb)[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
+  }
+  return {a, z};
+}
+
 void DecodeChunk(const SegmentView& sv, uint64_t seq, uint64_t lo, uint64_t hi, bool to_end, bool all_valid,
                  PageChunk* c) {
-  c->keys.resize(sv.count);  // decoded in place; trimmed to [lo, hi) when partial
-  sv.DecodeKeys(c->keys.data());
-  const size_t a = sv.min_key < lo ? std::lower_bound(c->keys.begin(), c->keys.end(), lo) - c->keys.begin() : 0;
-  const size_t z = !to_end && sv.max_key >= hi ? std::lower_bound(c->keys.begin(), c->keys.end(), hi) - c->keys.begin()
-                                               : sv.count;
+  const auto [a, z] = DecodeKeysInRange(sv, lo, hi, to_end, &c->keys, &c->tomb);
   c->seq = seq;
   c->enc = sv.bytes_per_record();
   c->clean = all_valid && !sv.tomb;
-  if (z < sv.count) c->keys.resize(z);
-  if (a > 0) c->keys.erase(c->keys.begin(), c->keys.begin() + a);
-  if (sv.tomb) {
-    c->tomb.resize(z - a);
-    for (size_t r = a; r < z; r++) c->tomb[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
-  }
   if (sv.width) {
     c->vals.assign(sv.values + a * sv.width, sv.values + z * sv.width);
   } else {

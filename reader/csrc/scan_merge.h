@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "reader/csrc/column.h"
@@ -43,6 +44,12 @@ struct PageChunk {
   std::vector<uint8_t> vals;
   std::vector<uint32_t> lens;  // variable-width only
 };
+
+// The keys of `sv` with lo <= key < hi (hi ignored when to_end), ascending, and their delete
+// flags (`tomb` left empty when the segment has none); returns the records' range [a, z) in
+// the segment. What DecodeChunk and keys-only scans (store_keys.cc) both start from.
+std::pair<size_t, size_t> DecodeKeysInRange(const SegmentView& sv, uint64_t lo, uint64_t hi, bool to_end,
+                                             std::vector<uint64_t>* keys, std::vector<uint8_t>* tomb);
 
 // Decodes the records of `sv` with lo <= key < hi (hi ignored when to_end) into `c`.
 // `all_valid`: the page table says every record of the segment is current.

@@ -8,6 +8,7 @@
 //   pages      — the other segments, keys decoded (values neither decoded nor copied).
 // Versions are resolved as the scan merges do (key_merge.h), buffered writes overlay.
 #include "reader/csrc/key_merge.h"
+#include "reader/csrc/scan_merge.h"
 #include "reader/csrc/store_impl.h"
 #include "reader/csrc/store_internal.h"
 
@@ -109,17 +110,7 @@ Status StoreImpl::ScanKeys(const std::string& name, uint64_t lo, uint64_t hi, HV
     RF_RETURN_IF_ERROR(SnapshotSegment(pid, pv, refs[j], def, true, &sv));
     KeyChunk& c = chunks[j];
     c.seq = pv.seq();
-    c.keys.resize(sv.count);
-    sv.DecodeKeys(c.keys.data());
-    const size_t a = sv.min_key < lo ? std::lower_bound(c.keys.begin(), c.keys.end(), lo) - c.keys.begin() : 0;
-    const size_t z =
-        !to_end && sv.max_key >= hi ? std::lower_bound(c.keys.begin(), c.keys.end(), hi) - c.keys.begin() : sv.count;
-    if (sv.tomb) {
-      c.tomb.resize(z - std::min(a, z));
-      for (size_t r = a; r < z; r++) c.tomb[r - a] = sv.is_tomb(static_cast<uint32_t>(r));
-    }
-    c.keys.resize(std::max(a, z));
-    c.keys.erase(c.keys.begin(), c.keys.begin() + std::min(a, z));
+    DecodeKeysInRange(sv, lo, hi, to_end, &c.keys, &c.tomb);
     encoded += static_cast<double>(c.keys.size()) * sv.bytes_per_record();
     return Status::OK();
   };

@@ -366,6 +366,11 @@ def child_main(cfg: dict) -> None:
                      "device_reads": (d1["read_ios"] - d0["read_ios"]) if d0 and d1 else None,
                      "device_bytes": (d1["read_bytes"] - d0["read_bytes"]) if d0 and d1 else None, "samples": samples,
                      "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            if method != "dram" and method != "mmap" and plan.tiering.ssd_tables:
+                # the engine's read rule at this batch (de-duplication, dense pages read whole)
+                from recflash.ndp.sls import DENSE_PAGE_ROWS
+                point["predicted_device_reads_per_sample"] = plan.tiering.ssd_device_reads_per_sample(
+                    batch, int(sls.get("dense_page_rows", DENSE_PAGE_ROWS)), bool(sls.get("vector_grained", True)))
             if hits0 is not None:
                 h, m = hits1[0] - hits0[0], hits1[1] - hits0[1]
                 point["hit_rate"] = h / (h + m) if h + m else 0.0
@@ -601,6 +606,8 @@ def main(argv=None) -> int:
                         run["iops_bound_fraction"] = None
                     if "plan" in r:
                         run["predicted_ssd_reads_per_sample"] = r["plan"]["predicted_ssd_reads_per_sample"]
+                    if p.get("predicted_device_reads_per_sample") is not None:
+                        run["predicted_device_reads_per_sample"] = p["predicted_device_reads_per_sample"]
                     res["runs"].append(run)
                 res["models"][m].setdefault("children", {})[meth] = {k: r.get(k) for k in
                                                                      ("plan", "setup_seconds", "cgroup", "wall_seconds",
@@ -648,8 +655,11 @@ def targets(res: dict) -> dict:
             over = max(r["peak_rss_above_baseline_bytes"] for r in rec) / res["models"][m]["budget_bytes"]
             out[f"{m}_recflash_rss_above_baseline_over_budget"] = {"target": 1.0, "measured": over, "met": over <= 1.0}
         u = get(m, "recflash", 256, "uniform") or get(m, "recflash", 64, "uniform")
-        if u and u.get("predicted_ssd_reads_per_sample") and u["device_reads_per_sample"]:
-            x = u["predicted_ssd_reads_per_sample"] / u["device_reads_per_sample"]
+        # the planner's device reads at the point's batch (the engine's read rule); runs from
+        # before that figure existed compared the row lookups per sample
+        pred = (u or {}).get("predicted_device_reads_per_sample") or (u or {}).get("predicted_ssd_reads_per_sample")
+        if u and pred and u["device_reads_per_sample"]:
+            x = pred / u["device_reads_per_sample"]
             out[f"{m}_planner_predicted_over_measured_reads"] = {"target": 2.0, "measured": x,
                                                                  "met": 0.5 <= x <= 2.0}
     return out

@@ -236,7 +236,8 @@ class EmbeddingStore:
     def _register_engine(self, engine) -> None:
         self._engines.add(engine)
 
-    def read_rows(self, name: str, ids, vector_grained: bool = True, raw: bool = False) -> np.ndarray:
+    def read_rows(self, name: str, ids, vector_grained: bool = True, raw: bool = False,
+                  dense_page_rows: int = 0) -> np.ndarray:
         """Rows for ids (any order, duplicates allowed) as a [len(ids), dim] float32 array
         (float16/int8 rows decoded as the SLS engine pools them; ``raw=True``: the encoded rows
         as uint8 [len(ids), row_bytes])."""
@@ -244,7 +245,7 @@ class EmbeddingStore:
         ids = self._check_ids(t, ids)
         uniq, inv = np.unique(ids, return_inverse=True)
         with table_errors():
-            rows, st = self.store.gather_rows(self.feature_name(name), uniq, vector_grained)
+            rows, st = self.store.gather_rows(self.feature_name(name), uniq, vector_grained, dense_page_rows)
         self.last_gather_stats = st
         rows = rows[inv]
         if raw:

@@ -263,7 +263,7 @@ class NdpDevice:
     def __init__(self, store_path: str, *, vector_grained: bool = True, row_cache_bytes: int = 0,
                  hot_rows_bytes: int = 0, pooled_cache_bytes: int = 0, pooled_min_bag: int = 8,
                  device_cache_bytes: int = 0, hot_rows_profile_ids: int = 100_000, verify_tables: bool = True,
-                 dense_threads: int = 8):
+                 dense_threads: int = 8, dense_page_rows: Optional[int] = None):
         if not os.path.isdir(store_path):
             raise ServerConfigError(f"no store at '{store_path}' (serve an existing store; create its tables with "
                                     f"recflash.ndp.EmbeddingStore)")
@@ -271,7 +271,8 @@ class NdpDevice:
         self.store = Store.open(store_path)
         try:
             self.tables = EmbeddingStore(self.store)
-            self.engine_options = dict(vector_grained=vector_grained, row_cache_bytes=row_cache_bytes,
+            self.engine_options = dict(vector_grained=vector_grained, dense_page_rows=dense_page_rows,
+                                       row_cache_bytes=row_cache_bytes,
                                        hot_rows_bytes=hot_rows_bytes, pooled_cache_bytes=pooled_cache_bytes,
                                        pooled_min_bag=pooled_min_bag, device_cache_bytes=device_cache_bytes,
                                        hot_rows_profile_ids=hot_rows_profile_ids)

@@ -52,6 +52,12 @@ def _check_offsets(off: np.ndarray, n: int, include_last: bool, where: str) -> N
                                    f"(include_last_offset)")
 
 
+# A page from which one call needs this many rows is read whole (SlsEngine's dense_page_rows):
+# measured on RM2-shaped tables (rows of 256 B, 64 per 16 KiB page), batch 64, uniform ids —
+# see the README's SLS figures.
+DENSE_PAGE_ROWS = 2
+
+
 class SlsEngine:
     """Pooled embedding lookups over the tables of an :class:`EmbeddingStore`.
 
@@ -68,18 +74,32 @@ class SlsEngine:
       order-invariant hash of a bag's ids, for bags of at least ``pooled_min_bag`` ids;
     - ``device_cache_bytes``: store-side direct-mapped row cache.
 
+    Reads: ``vector_grained`` (default) reads a row as the 512-byte device blocks holding it;
+    ``False`` reads whole pages. ``dense_page_rows`` (default :data:`DENSE_PAGE_ROWS`; 0: off)
+    refines the block reads: a packed page from which one call needs that many rows or more is
+    read whole, with the call's other such pages in runs of adjacent pages (one device request
+    each, page checksums verified). A batch that touches most pages of a table (large batches,
+    long bags, small tables) then reads at the device's sequential bandwidth instead of its
+    random-read IOPS; sparse batches keep their 512-byte reads.
+
     ``EmbeddingStore.update_rows`` keeps every engine built on it coherent.
     """
 
     def __init__(self, tables: EmbeddingStore, vector_grained: bool = True, row_cache_bytes: int = 0,
                  hot_rows_bytes: int = 0, pooled_cache_bytes: int = 0, pooled_min_bag: int = 8,
-                 device_cache_bytes: int = 0, hot_rows_profile_ids: int = 100_000):
+                 device_cache_bytes: int = 0, hot_rows_profile_ids: int = 100_000,
+                 dense_page_rows: int = None):
         from recflash import _native
 
         self.tables = tables
         self.vector_grained = vector_grained
+        if dense_page_rows is None:
+            dense_page_rows = DENSE_PAGE_ROWS
+        if isinstance(dense_page_rows, bool) or not isinstance(dense_page_rows, (int, np.integer)) or dense_page_rows < 0:
+            raise InvalidArgumentError(f"SlsEngine: dense_page_rows must be an int >= 0 (0: off), got {dense_page_rows!r}")
+        self.dense_page_rows = int(dense_page_rows)
         self._engine = _native.SlsEngine(tables.store.native_handle, dict(
-            vector_grained=vector_grained, row_cache_bytes=int(row_cache_bytes),
+            vector_grained=vector_grained, dense_page_rows=self.dense_page_rows, row_cache_bytes=int(row_cache_bytes),
             hot_rows_bytes=int(hot_rows_bytes), pooled_cache_bytes=int(pooled_cache_bytes),
             pooled_min_bag=int(pooled_min_bag), device_cache_bytes=int(device_cache_bytes),
             hot_rows_profile_ids=int(hot_rows_profile_ids), expected_tables=max(1, len(tables.tables()))))

@@ -632,13 +632,18 @@ class Store:
         return dict(getattr(self._tls, "stats", {}) or {})
 
     # -- embedding rows ----------------------------------------------------------------
-    def gather_rows(self, feature: str, ids, vector_grained: bool = True) -> Tuple[np.ndarray, dict]:
+    def gather_rows(self, feature: str, ids, vector_grained: bool = True,
+                    dense_page_rows: int = 0) -> Tuple[np.ndarray, dict]:
         """Rows of an embedding table (a ``fixed_size_list<float32, D>`` feature) for ``ids``
         (ascending, unique) as a float32 array [len(ids), D], and the gather's statistics
         (rows, buffer_rows, vector_rows, page_rows, device_reads, device_bytes, ...).
         vector_grained: a row in a packed page is read as just the device blocks holding it
-        (verified against block checksums); otherwise rows are read with their whole page."""
-        return self._s.gather_rows(feature, _keys(ids, f"gather_rows('{feature}')"), bool(vector_grained))
+        (verified against block checksums); otherwise rows are read with their whole page.
+        dense_page_rows (with vector_grained; 0: off): a page from which this call needs at
+        least that many rows is read whole instead, in runs with adjacent ones."""
+        if isinstance(dense_page_rows, bool) or not isinstance(dense_page_rows, (int, np.integer)) or dense_page_rows < 0:
+            raise InvalidArgumentError(f"gather_rows('{feature}'): dense_page_rows must be an int >= 0, got {dense_page_rows!r}")
+        return self._s.gather_rows(feature, _keys(ids, f"gather_rows('{feature}')"), bool(vector_grained), int(dense_page_rows))
 
     def verify_rows(self, feature: str) -> int:
         """Reads the packed pages of an embedding table whose block checksums are not held

@@ -41,11 +41,11 @@ def _reference(w, indices, offsets, mode, psw=None):
                per_sample_weights=None if psw is None else torch.from_numpy(psw)).numpy()
 
 
-@pytest.mark.parametrize("vector_grained", [True, False])
+@pytest.mark.parametrize("vector_grained,dense_page_rows", [(True, 0), (True, None), (False, None)])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_sls_equals_embedding_bag(tables, mode, vector_grained):
+def test_sls_equals_embedding_bag(tables, mode, vector_grained, dense_page_rows):
     t, weights = tables
-    eng = SlsEngine(t, vector_grained=vector_grained)
+    eng = SlsEngine(t, vector_grained=vector_grained, dense_page_rows=dense_page_rows)
     rng = np.random.default_rng(1)
     ia, oa = _bags(rng, ROWS, 64, 40)
     ib, ob = _bags(rng, 700, 17, 5)
@@ -56,10 +56,12 @@ def test_sls_equals_embedding_bag(tables, mode, vector_grained):
     st = eng.last_stats
     assert st["lookups"] == len(ia) + len(ib)
     assert st["unique_rows"] <= st["lookups"]
-    if vector_grained:
-        g = st["gather"]
-        assert g["vector_rows"] == st["unique_rows"] and g["page_rows"] == 0
+    g = st["gather"]
+    if vector_grained and dense_page_rows == 0:  # block reads only
+        assert g["vector_rows"] == st["unique_rows"] and g["page_rows"] == 0 and g["dense_pages"] == 0
         assert g["device_bytes"] <= 512 * g["vector_rows"], "rows of <= 512 B cost at most one 512-byte block"
+    elif vector_grained:  # 64 bags of up to 40 ids over 40 pages of 'a': most pages are read whole
+        assert g["dense_pages"] > 0 and g["page_rows"] > 0 and g["vector_rows"] + g["page_rows"] == st["unique_rows"]
 
 
 def test_per_sample_weights_empty_bags_and_torch_tensors(tables):
@@ -79,7 +81,7 @@ def test_per_sample_weights_empty_bags_and_torch_tensors(tables):
 
 def test_update_rows_visible_before_and_after_flush_and_compact(tables):
     t, weights = tables
-    eng = SlsEngine(t)
+    eng = SlsEngine(t, dense_page_rows=0)  # block reads only: which rows have a computed address
     ids = np.array([3, 17, 4999, 17], dtype=np.int64)
     new = np.full((4, DIM), 7.0, np.float32)
     new[3] = 9.0  # the last write of id 17 wins
@@ -285,6 +287,60 @@ def test_vector_read_of_a_corrupt_row_raises(tmp_path):
         eng = SlsEngine(t)
         with pytest.raises(CorruptionError, match="row 1234"):
             eng.sls([SlsRequest("v", np.array([7, 1234, 9]), np.array([0, 2]))])
+
+
+def test_dense_pages_are_read_whole_in_runs(tmp_path):
+    """dense_page_rows: a page from which the call needs that many rows is read whole, with its
+    touched neighbours, in one request per run of adjacent pages; a lone row stays a block read."""
+    s, t, w = _one_table(tmp_path / "s")
+    with s:
+        kr = s.key_ranges(EmbeddingStore.feature_name("v"))
+        first, page = kr["min_key"].astype(np.int64), kr["page"].astype(np.int64)
+        assert np.all(np.diff(page[:21]) == 1), "a load packs a table into adjacent pages"
+        # pages 2-5: two rows each (dense); page 6: one row, next to page 5 (joins the run);
+        # page 20: one row alone (a block read)
+        ids = np.array([first[p] + k for p in (2, 3, 4, 5) for k in (1, 7)] + [first[6] + 3, first[20] + 5])
+        rows, g = s.gather_rows(EmbeddingStore.feature_name("v"), ids, True, 2)
+        np.testing.assert_array_equal(rows, w[ids])
+        assert g["dense_pages"] == 5 and g["page_rows"] == 9 and g["vector_rows"] == 1
+        assert g["device_reads"] == 2, "one run of five adjacent pages + one block"
+        assert g["device_bytes"] == 5 * s.page_size + 512
+        assert g["first_touch_pages"] == 0  # load_table took the sums already
+        # off: every row a block read
+        rows, g = s.gather_rows(EmbeddingStore.feature_name("v"), ids, True, 0)
+        np.testing.assert_array_equal(rows, w[ids])
+        assert g["dense_pages"] == 0 and g["vector_rows"] == len(ids) and g["device_bytes"] <= 512 * len(ids)
+        # through the engine's default: the same rows pooled
+        eng = SlsEngine(t)
+        assert eng.dense_page_rows >= 1
+        out = eng.sls([SlsRequest("v", ids, np.array([0]))])[0]
+        np.testing.assert_allclose(out[0], w[ids].sum(0), rtol=1e-5, atol=1e-4)
+        assert eng.last_stats["gather"]["dense_pages"] == 5
+        for bad in (-1, 1.5, True, "2"):
+            with pytest.raises(InvalidArgumentError, match="dense_page_rows"):
+                SlsEngine(t, dense_page_rows=bad)
+            with pytest.raises(InvalidArgumentError, match="dense_page_rows"):
+                s.gather_rows(EmbeddingStore.feature_name("v"), ids, True, bad)
+
+
+def test_dense_pages_take_block_checksums_and_verify_the_page(tmp_path):
+    s, t, w = _one_table(tmp_path / "s")
+    s.close()
+    (tmp_path / "s" / "BLOCKSUMS").unlink()  # no sums held
+    name = EmbeddingStore.feature_name("v")
+    with Store.open(str(tmp_path / "s"), StoreOptions()) as s:
+        ids = np.array([3, 4])  # two rows of page 0: read whole, its block sums taken
+        rows, g = s.gather_rows(name, ids, True, 2)
+        np.testing.assert_array_equal(rows, w[ids])
+        assert g["dense_pages"] == 1 and g["first_touch_pages"] == 0
+        rows, g = s.gather_rows(name, np.array([5]), True, 2)  # a lone row of it: a verified block read
+        np.testing.assert_array_equal(rows, w[[5]])
+        assert g["vector_rows"] == 1 and g["verified_blocks"] == 1 and g["first_touch_pages"] == 0
+    offs = _corrupt_row_on_disk(tmp_path / "s", w[77].tobytes())
+    assert offs
+    with Store.open(str(tmp_path / "s"), StoreOptions()) as s:
+        with pytest.raises(CorruptionError, match="checksum mismatch"):  # a dense page checks its page crc
+            s.gather_rows(name, np.array([76, 77]), True, 2)
 
 
 def test_first_touch_takes_checksums_from_a_verified_page(tmp_path):

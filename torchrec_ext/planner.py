@@ -49,6 +49,57 @@ def ssd_row_bytes(dim: int, dtype: str = "float32") -> int:
     return DEVICE_BLOCK * math.ceil(raw / DEVICE_BLOCK)
 
 
+PAGE_SIZE = 16384          # the store's default page
+PAGE_HEADER_BYTES = 64     # what a packed page keeps besides its rows (an upper bound)
+PAGES_PER_READ = 16        # adjacent pages one device request carries (256 KiB)
+
+
+def _chain_requests(units: int, q: float, per_request: int, sparse: float = 0.0, sparse_cost: float = 0.0) -> float:
+    """Expected requests for maximal chains of adjacent touched units (each touched with
+    probability q, independently) among `units`: a chain of L units costs ceil(L / per_request)
+    requests, unless all its units are `sparse` (probability sparse**L), when it costs
+    L x sparse_cost."""
+    reads = 0.0
+    for L in range(1, units + 1):
+        qL = q ** L
+        if qL < 1e-12:
+            break
+        chains = qL if L == units else ((units - L - 1) * (1 - q) ** 2 + 2 * (1 - q)) * qL
+        all_sparse = sparse ** L
+        reads += chains * (all_sparse * L * sparse_cost + (1 - all_sparse) * math.ceil(L / per_request))
+    return reads
+
+
+def expected_device_reads(rows: int, row_bytes: int, lookups: float, dense_page_rows: int = 2,
+                          vector_grained: bool = True, page_size: int = PAGE_SIZE) -> float:
+    """Device requests the SLS engine issues for one batch of ``lookups`` uniformly drawn ids
+    of a packed table (``SlsEngine``'s read rule, caches off): ids de-duplicated; a page with
+    ``dense_page_rows`` or more of the batch's rows is read whole, and so is every touched page
+    in a chain of adjacent touched pages that holds such a page, in requests of up to
+    ``PAGES_PER_READ`` pages; the other rows are 512-byte block reads, adjacent blocks merged
+    up to 4 KiB. Rows per page (block) are Poisson (uniform ids); ``vector_grained=False``
+    reads every touched page whole. Uniform ids are the worst case for page density, so skewed
+    traces issue fewer requests than this."""
+    if rows <= 0 or lookups <= 0:
+        return 0.0
+    unique = rows * -math.expm1(-lookups / rows)
+    if vector_grained and dense_page_rows <= 0:  # block reads only
+        unit = max(DEVICE_BLOCK, -(-row_bytes // DEVICE_BLOCK) * DEVICE_BLOCK)
+        per_unit = max(1, DEVICE_BLOCK // max(1, row_bytes))
+        units = math.ceil(rows / per_unit)
+        return _chain_requests(units, -math.expm1(-unique / units), max(1, 4096 // unit))
+    per_page = max(1, (page_size - PAGE_HEADER_BYTES) // max(1, row_bytes))
+    pages = math.ceil(rows / per_page)
+    lam = unique / pages                      # rows of the batch per page
+    q = -math.expm1(-lam)                     # a page is touched
+    if not vector_grained or q <= 0:
+        return _chain_requests(pages, q, PAGES_PER_READ) if q > 0 else 0.0
+    pk = [math.exp(-lam) * lam ** k / math.factorial(k) for k in range(dense_page_rows)]
+    sparse = sum(pk[1:]) / q                  # a touched page holds fewer than dense_page_rows
+    rows_sparse = sum(k * pk[k] for k in range(1, dense_page_rows)) / max(1e-300, sum(pk[1:]))
+    return _chain_requests(pages, q, PAGES_PER_READ, sparse, rows_sparse)
+
+
 @dataclasses.dataclass
 class TableDemand:
     """One table's numbers in the tiering decision."""
@@ -90,6 +141,16 @@ class TieringReport:
     def ssd_reads_per_sample(self) -> float:
         """Row reads per sample the SSD tables need (before de-duplication and caches)."""
         return sum(t.pooling_factor for t in self.tables if t.tier == "ssd")  # one read per row
+
+    def ssd_device_reads_per_sample(self, batch_size: int, dense_page_rows: int = 2,
+                                    vector_grained: bool = True) -> float:
+        """Device requests per sample the SSD tables cost at ``batch_size`` with the engine's
+        read rule (``expected_device_reads``): de-duplication within a batch and whole-page
+        runs where a batch's rows are dense; uniform ids."""
+        if batch_size <= 0:
+            raise InvalidArgumentError(f"ssd_device_reads_per_sample: batch_size must be > 0, got {batch_size}")
+        return sum(expected_device_reads(t.rows, 4 * t.dim, batch_size * t.pooling_factor, dense_page_rows,
+                                         vector_grained) for t in self.tables if t.tier == "ssd") / batch_size
 
     @property
     def ssd_reads_per_s(self) -> float:

@@ -92,6 +92,7 @@ py::tuple RunSls(Store* store, SlsEngine* engine, const py::list& requests) {
 #define RF_SLS_OPTION(key, field) RF_OPTION_FIELD(SlsOptions, key, field)
 const OptionField<SlsOptions> kSlsOptions[] = {
     RF_SLS_OPTION("vector_grained", vector_grained),
+    RF_SLS_OPTION("dense_page_rows", dense_page_rows),
     RF_SLS_OPTION("row_cache_bytes", row_cache_bytes),
     RF_SLS_OPTION("hot_rows_bytes", hot_rows_bytes),
     RF_SLS_OPTION("hot_rows_profile_ids", hot_rows_profile_ids),

@@ -76,7 +76,7 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
   // 2. Every table's missing rows in one ring pass; a table is pooled as soon as its rows
   //    are in, while the other tables' reads are still in flight.
   if (!gathers.empty()) {
-    RF_RETURN_IF_ERROR(store_->GatherRowsMany(gathers, o_.vector_grained, [&](size_t g) RF_REQUIRES(mu_) -> Status {
+    RF_RETURN_IF_ERROR(store_->GatherRowsMany(gathers, o_.vector_grained, o_.dense_page_rows, [&](size_t g) RF_REQUIRES(mu_) -> Status {
       const size_t k = gather_of[g];
       Work& wk = work_[k];
       const uint32_t words = wk.words;
@@ -104,6 +104,7 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
     stats->gather.device_bytes += gs.device_bytes;
     stats->gather.verified_blocks += gs.verified_blocks;
     stats->gather.first_touch_pages += gs.first_touch_pages;
+    stats->gather.dense_pages += gs.dense_pages;
     stats->gather.seconds = std::max(stats->gather.seconds, gs.seconds);
   }
   stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -248,7 +249,7 @@ Status SlsEngine::FillHot(const std::unordered_map<uint64_t, uint32_t>& freq,
     const uint32_t dim = tables[fid].words;
     buf.resize(ids.size() * dim);
     GatherStats gs;
-    RF_RETURN_IF_ERROR(store_->GatherRows(tables[fid].name, ids.data(), ids.size(), o_.vector_grained, buf.data(), &gs));
+    RF_RETURN_IF_ERROR(store_->GatherRows(tables[fid].name, ids.data(), ids.size(), o_.vector_grained, o_.dense_page_rows, buf.data(), &gs));
     for (size_t i = 0; i < ids.size(); i++) hot_.Add(RowKey(fid, ids[i]), buf.data() + i * dim, dim);
   }
   return Status::OK();
@@ -271,7 +272,7 @@ Status SlsEngine::Invalidate(const std::string& table, const uint64_t* ids, size
     hot_ids.erase(std::unique(hot_ids.begin(), hot_ids.end()), hot_ids.end());
     std::vector<float> buf(hot_ids.size() * def.dim);
     GatherStats gs;
-    RF_RETURN_IF_ERROR(store_->GatherRows(table, hot_ids.data(), hot_ids.size(), o_.vector_grained, buf.data(), &gs));
+    RF_RETURN_IF_ERROR(store_->GatherRows(table, hot_ids.data(), hot_ids.size(), o_.vector_grained, o_.dense_page_rows, buf.data(), &gs));
     for (size_t i = 0; i < hot_ids.size(); i++) hot_.Refresh(RowKey(def.id, hot_ids[i]), buf.data() + i * def.dim, def.dim);
     hot_.counters.invalidations += hot_ids.size();
   }

@@ -42,6 +42,9 @@ struct SlsStats {
 
 struct SlsOptions {
   bool vector_grained = true;     // block-granular reads at computed addresses (else pages)
+  // With vector_grained: a page from which one call needs this many rows or more is read
+  // whole, in runs with adjacent ones (Store::GatherRows); 0: block reads only.
+  uint32_t dense_page_rows = 0;
   size_t row_cache_bytes = 0;     // host LRU row cache
   size_t hot_rows_bytes = 0;      // static hot-row partition (filled by Profile, or automatically)
   // With hot_rows_bytes and no Profile call: the ids of the first hot_rows_profile_ids

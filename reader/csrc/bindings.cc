@@ -72,6 +72,7 @@ py::dict GatherStatsDict(const GatherStats& g) {
   d["device_bytes"] = g.device_bytes;
   d["verified_blocks"] = g.verified_blocks;
   d["first_touch_pages"] = g.first_touch_pages;
+  d["dense_pages"] = g.dense_pages;
   d["seconds"] = g.seconds;
   return d;
 }
@@ -269,7 +270,8 @@ class PyStore {
     return py::make_tuple(Column(std::move(col), d.variable()), ReadStatsDict(rs));
   }
 
-  py::tuple GatherRows(const std::string& name, py::array_t<uint64_t, py::array::c_style> ids, bool vector_grained) {
+  py::tuple GatherRows(const std::string& name, py::array_t<uint64_t, py::array::c_style> ids, bool vector_grained,
+                       uint32_t dense_page_rows) {
     FeatureDef d;
     Check(s_->LookupFeature(name, &d));
     const size_t n = static_cast<size_t>(ids.size());
@@ -280,7 +282,7 @@ class PyStore {
     Status st;
     {
       py::gil_scoped_release nogil;
-      st = s_->GatherRows(name, ids.data(), n, vector_grained, dst, &gs);
+      st = s_->GatherRows(name, ids.data(), n, vector_grained, dense_page_rows, dst, &gs);
     }
     Check(st);
     return py::make_tuple(out, GatherStatsDict(gs));
@@ -376,7 +378,8 @@ void InitReader(py::module_& m) {
       .def("account_scan", &PyStore::AccountScan)
       .def("key_ranges", &PyStore::KeyRanges)
       .def_property_readonly("read_only", &PyStore::read_only)
-      .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true)
+      .def("gather_rows", &PyStore::GatherRows, py::arg("feature"), py::arg("ids"), py::arg("vector_grained") = true,
+           py::arg("dense_page_rows") = 0)
       .def("verify_rows", &PyStore::VerifyRows, py::arg("feature"))
       .def("build_key_index", &PyStore::BuildKeyIndex, py::arg("read_pages") = true)
       .def("stats_json", &PyStore::StatsJson)

@@ -93,9 +93,9 @@ class StoreImpl final : public Store {
   Status AccountScan(const std::string& feature, ReadStats* st) override;
   Status KeyRanges(const std::string& feature, std::vector<PageRef>* out) override;
   bool read_only() const override { return o_.read_only; }
-  Status GatherRows(const std::string& feature, const uint64_t* ids, size_t n, bool vector_grained, float* out,
-                    GatherStats* st) override;
-  Status GatherRowsMany(const std::vector<GatherRequest>& requests, bool vector_grained,
+  Status GatherRows(const std::string& feature, const uint64_t* ids, size_t n, bool vector_grained,
+                    uint32_t dense_page_rows, float* out, GatherStats* st) override;
+  Status GatherRowsMany(const std::vector<GatherRequest>& requests, bool vector_grained, uint32_t dense_page_rows,
                         const GatherDoneFn& done) override;
   Status VerifyRows(const std::string& feature, uint64_t* pages_read) override;
   Status BuildKeyIndex(bool read_pages) override {

@@ -334,27 +334,43 @@ def test_sharder_with_a_device_server_address(tmp_path):
         p.wait(timeout=60)
 
 
-def test_large_batches_are_looked_up_in_bounded_windows(tmp_path):
-    """A batch whose rows pass max_gather_bytes goes to the engine in windows; same output."""
+def test_large_batches_are_split_by_feature_then_in_bag_windows(tmp_path):
+    """A batch whose rows pass max_gather_bytes goes to the engine in several calls: features
+    split between calls with the whole batch each (a table keeps its batch's density), and only
+    a feature that alone passes the bound in windows of its bags; the output is the same."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
     ref, path = _exported(tmp_path)
-    model = EmbeddingBagCollection(tables=tu.table_configs(), device=torch.device("meta"))
-    plan = plan_offload(model, world_size=1, ssd_tables=SSD, print_table=False)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
-                                   sharders=[SsdEmbeddingBagCollectionSharder(path, max_gather_bytes=4096)])
-    dmp.load_state_dict({k: v for k, v in ref.state_dict().items() if ".user." not in k and ".item." not in k},
-                        strict=False)
-    (mod,) = find_ssd_modules(dmp)
-    calls = []
-    backend = mod.ssd_backend
-    real = backend.sls
-    backend.sls = lambda reqs: calls.append(len(reqs)) or real(reqs)
-    try:
-        kjt = tu.make_kjt(100, 4)
-        got, exp = tu.forward_dict(dmp, kjt), tu.forward_dict(ref, kjt)
-    finally:
-        del backend.sls
-    assert len(calls) > 1 and set(calls) == {3}  # windows, each one call for all three SSD features
-    for k in exp:
-        np.testing.assert_allclose(got[k], exp[k], atol=TOL, rtol=0, err_msg=k)
+    kjt = tu.make_kjt(100, 4)
+    exp = tu.forward_dict(ref, kjt)
+
+    def run(bound):
+        model = EmbeddingBagCollection(tables=tu.table_configs(), device=torch.device("meta"))
+        plan = plan_offload(model, world_size=1, ssd_tables=SSD, print_table=False)
+        dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
+                                       sharders=[SsdEmbeddingBagCollectionSharder(path, max_gather_bytes=bound)])
+        dmp.load_state_dict({k: v for k, v in ref.state_dict().items() if ".user." not in k and ".item." not in k},
+                            strict=False)
+        (mod,) = find_ssd_modules(dmp)
+        calls = []
+        backend = mod.ssd_backend
+        real = backend.sls
+        backend.sls = lambda reqs: calls.append([len(r.offsets) - 1 for r in reqs]) or real(reqs)
+        try:
+            got = tu.forward_dict(dmp, kjt)
+        finally:
+            del backend.sls
+        for k in exp:
+            np.testing.assert_allclose(got[k], exp[k], atol=TOL, rtol=0, err_msg=k)
+        return calls
+
+    calls = run(16 << 20)
+    assert calls == [[100, 100, 100]]  # all three SSD features in one call
+    calls = run(4096)  # each feature alone needs more: windows of bags, one feature per call
+    assert len(calls) > 3 and all(len(c) == 1 and c[0] < 100 for c in calls)
+    bags = [c[0] for c in calls]
+    assert sum(bags) == 3 * 100
+    # a bound every feature fits alone but not all together: several calls, whole batches each
+    needs = [8 * d * int(kjt[f].lengths().sum()) for n, _, d, fs in tu.TABLES if n in SSD for f in fs]
+    calls = run(max(needs))
+    assert len(calls) > 1 and all(c == [100] * len(c) for c in calls) and sum(map(len, calls)) == len(needs) == 3

@@ -13,7 +13,7 @@ module routes checkpoint rows to the store (see ``sharding.py``).
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 from torchrec.distributed.embedding_kernel import BaseEmbedding
@@ -45,26 +45,50 @@ def check_table_matches(backend, name: str, num_rows: int, dim: int, where: str)
 def pooled_lookup(backend, tables: List[Tuple[str, int]], batch: int, values: torch.Tensor, offsets: torch.Tensor,
                   weights, mode: str, max_gather_bytes: int) -> torch.Tensor:
     """[batch, sum of dims] pooled vectors of a group's features (one (table, dim) per feature, in
-    the KJT's key order) through the backend: one ``sls`` call per window of whole bags, every
-    table of the group in one ring pass. The engine holds every looked-up row of a call while it
-    pools (about 2 x ids x row bytes); windows keep that under ``max_gather_bytes``."""
-    need = 2 * sum(4 * dim for _, dim in tables) * (values.numel() / max(1, len(tables)))
-    windows = max(1, min(batch, int(-(-need // max_gather_bytes)))) if max_gather_bytes > 0 else 1
-    step = max(1, -(-batch // windows))
-    parts = []
-    for b0 in range(0, batch, step):
-        b1 = min(batch, b0 + step)
-        requests = []
-        for i, (table, _) in enumerate(tables):
-            off = offsets[i * batch + b0:i * batch + b1 + 1]
-            a = int(off[0])
-            z = int(off[-1])
-            requests.append(SlsRequest(table, values[a:z], off - a if a else off, mode=mode,
-                                       per_sample_weights=None if weights is None else weights[a:z],
-                                       include_last_offset=True))
-        pooled = backend.sls(requests)
-        parts.append(pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    the KJT's key order) through the backend. The engine holds every looked-up row of a call
+    while it pools (about 2 x ids x row bytes); calls keep that under ``max_gather_bytes``.
+    Features are split between calls, never a feature's bags while it fits: each call has the
+    whole batch of its tables (one ring pass), so a table's rows keep the batch's density, which
+    decides how many pages are read whole (``SlsEngine``'s ``dense_page_rows``). Only a feature
+    that alone needs more than the bound is looked up in windows of whole bags."""
+
+    def ids(i: int, b0: int, b1: int) -> Tuple[int, int]:
+        return int(offsets[i * batch + b0]), int(offsets[i * batch + b1])
+
+    def request(i: int, b0: int, b1: int) -> SlsRequest:
+        off = offsets[i * batch + b0:i * batch + b1 + 1]
+        a, z = ids(i, b0, b1)
+        return SlsRequest(tables[i][0], values[a:z], off - a if a else off, mode=mode,
+                          per_sample_weights=None if weights is None else weights[a:z], include_last_offset=True)
+
+    def need(i: int) -> int:
+        a, z = ids(i, 0, batch)
+        return 2 * 4 * tables[i][1] * (z - a)
+
+    cols: List[Optional[torch.Tensor]] = [None] * len(tables)
+    group: List[int] = []
+    held = 0
+
+    def run(group: List[int]) -> None:
+        for i, pooled in zip(group, backend.sls([request(i, 0, batch) for i in group])):
+            cols[i] = pooled
+
+    for i in range(len(tables)):
+        n = need(i)
+        if max_gather_bytes > 0 and n > max_gather_bytes:  # this feature alone: windows of its bags
+            windows = max(1, min(batch, -(-n // max_gather_bytes)))
+            step = max(1, -(-batch // windows))
+            parts = [backend.sls([request(i, b0, min(batch, b0 + step))])[0] for b0 in range(0, batch, step)]
+            cols[i] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+            continue
+        if group and max_gather_bytes > 0 and held + n > max_gather_bytes:
+            run(group)
+            group, held = [], 0
+        group.append(i)
+        held += n
+    if group:
+        run(group)
+    return cols[0] if len(cols) == 1 else torch.cat(cols, dim=1)
 
 
 class SsdEmbeddingBag(BaseEmbedding):

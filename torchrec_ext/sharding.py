@@ -254,8 +254,10 @@ class SsdEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     ``hot_rows_bytes``, ``pooled_cache_bytes``, ``pooled_min_bag``, ``device_cache_bytes``,
     ``vector_grained``; ``hot_rows_bytes`` is filled from the first ``hot_rows_profile_ids`` ids
     looked up, see ``SlsEngine``) and ``writable`` (open a shared plain store path read-write).
-    ``max_gather_bytes`` bounds the rows one engine call holds: a larger batch is looked up in
-    windows of whole bags (each window one call, every table of the group in one ring pass).
+    ``max_gather_bytes`` bounds the rows one engine call holds: a larger batch is split between
+    calls by feature, each call with the whole batch of its tables (one ring pass), so a table's
+    rows keep the batch's density; only a feature that alone passes the bound is looked up in
+    windows of whole bags.
     """
 
     def __init__(self, store_path=None, fused_params: Optional[Dict[str, Any]] = None,

@@ -323,6 +323,37 @@ def test_dense_pages_are_read_whole_in_runs(tmp_path):
                 s.gather_rows(EmbeddingStore.feature_name("v"), ids, True, bad)
 
 
+def test_cached_rows_count_towards_dense_pages_but_never_cause_a_read(tmp_path):
+    """With a row cache, a cached row still counts towards its page's rows (a cache must not
+    turn a dense page into block reads), and a page holding only cached rows is not read."""
+    s, t, w = _one_table(tmp_path / "s")
+    with s:
+        first = s.key_ranges(EmbeddingStore.feature_name("v"))["min_key"].astype(np.int64)
+        eng = SlsEngine(t, row_cache_bytes=8 << 20, dense_page_rows=2)
+
+        def run(ids):
+            out = eng.sls([SlsRequest("v", np.array(ids), np.array([0]))])[0]
+            np.testing.assert_allclose(out[0], w[ids].sum(0), rtol=1e-5, atol=1e-4)
+            return eng.last_stats["gather"]
+
+        g = run([first[2] + 1, first[2] + 7])  # page 2, two rows: read whole; both now cached
+        assert g["dense_pages"] == 1 and g["rows"] == 2
+        g = run([first[2] + 1, first[2] + 9])  # one cached + one new on page 2: still two rows there
+        assert g["rows"] == 1 and g["dense_pages"] == 1 and g["vector_rows"] == 0 and g["device_reads"] == 1
+        g = run([first[2] + 1, first[5] + 3])  # page 2 only cached: not read; page 5 one row: a block
+        assert g["rows"] == 1 and g["dense_pages"] == 0 and g["vector_rows"] == 1 and g["device_reads"] == 1
+        assert g["device_bytes"] == 512
+        # a batch over many pages: the cache does not add requests to what no cache would read
+        rng = np.random.default_rng(3)
+        ids = np.unique(rng.integers(0, 20_000, 3000))
+        plain = SlsEngine(t, dense_page_rows=2)
+        plain.sls([SlsRequest("v", ids, np.array([0]))])
+        run(ids[::2].tolist())  # half the rows cached
+        g = run(ids.tolist())
+        assert g["device_reads"] <= plain.last_stats["gather"]["device_reads"]
+        assert g["rows"] < len(ids)
+
+
 def test_dense_pages_take_block_checksums_and_verify_the_page(tmp_path):
     s, t, w = _one_table(tmp_path / "s")
     s.close()

@@ -79,6 +79,8 @@ class SlsEngine {
     std::vector<uint64_t> uids, miss;
     uint32_t words = 0;          // stored width of a row (RowWords)
     std::vector<float> rows, fetched, decoded;  // raw rows; decoded (quantized formats only)
+    std::vector<uint8_t> held;  // per unique row: served by a cache (GatherRequest::have)
+    bool with_held = false;     // this call gathers every unique row, the cached ones held
     DirectMappedCache* dev = nullptr;
     GatherStats gs;
   };

@@ -117,7 +117,7 @@ struct ReadStats {
 
 // What a row gather did (see Store::GatherRows).
 struct GatherStats {
-  uint64_t rows = 0;          // unique rows requested
+  uint64_t rows = 0;          // unique rows requested (not counting rows the caller has)
   uint64_t buffer_rows = 0;   // served from the write buffer (updates not yet flushed)
   uint64_t vector_rows = 0;   // served by block-granular reads at a computed address
   uint64_t page_rows = 0;     // served by whole-page reads (rows not in the packed layout)
@@ -136,6 +136,11 @@ struct GatherRequest {
   size_t n = 0;
   float* out = nullptr;           // n x dim, written
   GatherStats* stats = nullptr;
+  // Optional: have[i] != 0 — the caller already holds row i (a cache) in out. Such a row is
+  // not read for itself: it counts towards its page's dense_page_rows (so a cache does not
+  // thin out the pages that are read whole) and is rewritten from its page when that page is
+  // read whole anyway; a page holding only such rows is not read.
+  const uint8_t* have = nullptr;
 };
 
 class Store {

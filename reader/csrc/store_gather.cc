@@ -61,6 +61,9 @@ class StoreImpl::Gather {
   // Splits the rows into block-granular reads at computed addresses (`needs`) and rows read
   // with their whole page (`by_page`).
   void Plan();
+  // Moves the rows of dense pages (dense_page_rows) from `needs` to `by_page`; drops the held
+  // rows (GatherRequest::have) that no page read brings.
+  void PlanDensePages();
   // The block reads, verified against block checksums; a block whose page has no sums for its
   // version moves its rows to the page path (first touch).
   Status ReadBlocks();
@@ -79,6 +82,7 @@ class StoreImpl::Gather {
     uint64_t off;
     uint64_t seq;  // the page version the address was computed for
     uint32_t r, i;
+    bool held = false;  // the caller has the row (GatherRequest::have)
   };
   struct PageNeed {
     uint32_t page, r, i;
@@ -128,7 +132,7 @@ Status StoreImpl::Gather::Resolve() {
           if (b.tomb[j])
             return Status::InvalidArgument("row " + std::to_string(q.ids[i]) + " of table '" + q.feature + "' was deleted");
           std::memcpy(q.out + i * def.dim, b.value(j), w);
-          q.stats->buffer_rows++;
+          q.stats->buffer_rows += !(q.have && q.have[i]);
           continue;
         }
       }
@@ -165,7 +169,8 @@ void StoreImpl::Gather::Plan() {
     for (uint32_t i = 0; i < q.n; i++) {
       const uint32_t loc = locs[r][i];
       if (loc == kNone) continue;
-      pending[r]++;
+      const bool held = q.have && q.have[i];  // counted and read only with a dense page (below)
+      if (!held) pending[r]++;
       const PageRef* ref = nullptr;
       auto it = std::upper_bound(refs.begin(), refs.end(), q.ids[i], [](uint64_t k, const PageRef& x) { return k < x.min_key; });
       for (int steps = 0; it != refs.begin() && steps < 16; steps++) {
@@ -177,45 +182,61 @@ void StoreImpl::Gather::Plan() {
       }
       if (vector_grained && ref && ref->solo && ref->tombs == 0 && ref->valid == ref->count &&
           ref->max_key - ref->min_key + 1 == ref->count) {
-        needs.push_back({static_cast<uint64_t>(loc) * ps + row_base + (q.ids[i] - ref->min_key) * w, ref->seq, r, i});
-      } else {
+        needs.push_back({static_cast<uint64_t>(loc) * ps + row_base + (q.ids[i] - ref->min_key) * w, ref->seq, r, i, held});
+      } else if (!held) {
         by_page.push_back({loc, r, i, false});
       }
     }
-    if (pending[r] == 0) ready.push_back(r);
   }
+  PlanDensePages();
+  for (uint32_t r = 0; r < nr; r++)
+    if (pending[r] == 0) ready.push_back(r);
+}
+
+void StoreImpl::Gather::PlanDensePages() {
   // Dense pages: read whole, in runs with adjacent ones (ReadWholePages), instead of block by
   // block. A page next to one read whole joins it (and so on along touched neighbours): 16 KiB
-  // more of a request already made costs less device time than a request of its own. Block
-  // sums are taken from pages read whole where not held, for later block reads.
-  if (dense_page_rows == 0 || needs.size() < dense_page_rows) return;
+  // more of a request already made costs less device time than a request of its own. Rows the
+  // caller holds count towards a page's rows, so a cache does not thin out dense pages, but a
+  // page is read only for a row the caller lacks. Block sums are taken from pages read whole
+  // where not held, for later block reads.
+  auto drop_held = [&]() {
+    needs.erase(std::remove_if(needs.begin(), needs.end(), [](const Need& n) { return n.held; }), needs.end());
+  };
+  if (dense_page_rows == 0 || needs.size() < dense_page_rows) return drop_held();
   std::sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) { return a.off < b.off; });
   struct Group {
     uint32_t page;
     size_t a, z;  // needs[a, z)
+    bool needed;  // a row the caller lacks
     bool whole;
   };
   std::vector<Group> groups;
   for (size_t a = 0; a < needs.size();) {
     const uint32_t page = static_cast<uint32_t>(needs[a].off / ps);
     size_t z = a + 1;
-    while (z < needs.size() && needs[z].off / ps == page) z++;
-    groups.push_back({page, a, z, z - a >= dense_page_rows});
+    bool needed = !needs[a].held;
+    while (z < needs.size() && needs[z].off / ps == page) needed |= !needs[z++].held;
+    groups.push_back({page, a, z, needed, needed && z - a >= dense_page_rows});
     a = z;
   }
   for (size_t g = 1; g < groups.size(); g++)
-    groups[g].whole |= groups[g - 1].whole && groups[g - 1].page + 1 == groups[g].page;
+    groups[g].whole |= groups[g].needed && groups[g - 1].whole && groups[g - 1].page + 1 == groups[g].page;
   for (size_t g = groups.size(); g-- > 1;)
-    groups[g - 1].whole |= groups[g].whole && groups[g - 1].page + 1 == groups[g].page;
+    groups[g - 1].whole |= groups[g - 1].needed && groups[g].whole && groups[g - 1].page + 1 == groups[g].page;
   std::vector<Need> sparse;
   sparse.reserve(needs.size());
   for (const Group& g : groups) {
     if (!g.whole) {
-      sparse.insert(sparse.end(), needs.begin() + static_cast<std::ptrdiff_t>(g.a), needs.begin() + static_cast<std::ptrdiff_t>(g.z));
+      for (size_t k = g.a; k < g.z; k++)
+        if (!needs[k].held) sparse.push_back(needs[k]);
       continue;
     }
     const bool take_sums = sums && !sums->Has(g.page, needs[g.a].seq);
-    for (size_t k = g.a; k < g.z; k++) by_page.push_back({g.page, needs[k].r, needs[k].i, take_sums, true});
+    for (size_t k = g.a; k < g.z; k++) {
+      by_page.push_back({g.page, needs[k].r, needs[k].i, take_sums, true});
+      if (needs[k].held) pending[needs[k].r]++;  // rewritten from the page
+    }
   }
   needs.swap(sparse);
 }
@@ -412,6 +433,8 @@ Status StoreImpl::GatherRowsMany(const std::vector<GatherRequest>& reqs, bool ve
       if (q.ids[i] <= q.ids[i - 1]) return Status::InvalidArgument("row ids for '" + q.feature + "' must be ascending and unique");
     *q.stats = GatherStats();
     q.stats->rows = q.n;
+    if (q.have)
+      for (size_t i = 0; i < q.n; i++) q.stats->rows -= q.have[i] != 0;
   }
   Gather g(this, reqs, std::move(defs), vector_grained, dense_page_rows, done, t0);
   RF_RETURN_IF_ERROR(g.Resolve());

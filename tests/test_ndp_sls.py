@@ -340,6 +340,7 @@ def test_cached_rows_count_towards_dense_pages_but_never_cause_a_read(tmp_path):
         assert g["dense_pages"] == 1 and g["rows"] == 2
         g = run([first[2] + 1, first[2] + 9])  # one cached + one new on page 2: still two rows there
         assert g["rows"] == 1 and g["dense_pages"] == 1 and g["vector_rows"] == 0 and g["device_reads"] == 1
+        assert g["page_rows"] == 1  # the cached row rewritten from the page is not counted
         g = run([first[2] + 1, first[5] + 3])  # page 2 only cached: not read; page 5 one row: a block
         assert g["rows"] == 1 and g["dense_pages"] == 0 and g["vector_rows"] == 1 and g["device_reads"] == 1
         assert g["device_bytes"] == 512

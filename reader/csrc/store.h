@@ -120,7 +120,7 @@ struct GatherStats {
   uint64_t rows = 0;          // unique rows requested (not counting rows the caller has)
   uint64_t buffer_rows = 0;   // served from the write buffer (updates not yet flushed)
   uint64_t vector_rows = 0;   // served by block-granular reads at a computed address
-  uint64_t page_rows = 0;     // served by whole-page reads (rows not in the packed layout)
+  uint64_t page_rows = 0;     // served by whole-page reads (rows not in the packed layout, rows of dense pages)
   uint64_t device_reads = 0;  // read requests issued
   uint64_t device_bytes = 0;  // bytes requested from the device
   uint64_t verified_blocks = 0;  // block reads checked against their block checksums

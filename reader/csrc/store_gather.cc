@@ -88,6 +88,7 @@ class StoreImpl::Gather {
     uint32_t page, r, i;
     bool take_sums;  // record the page's block checksums (not held for this version)
     bool dense = false;  // read whole as one of the call's dense pages (dense_page_rows)
+    bool held = false;   // the caller has the row: rewritten from the page, not counted
   };
   // Rows still to arrive per request; a request is ready when its count reaches 0.
   void Arrived(uint32_t r) {
@@ -234,7 +235,7 @@ void StoreImpl::Gather::PlanDensePages() {
     }
     const bool take_sums = sums && !sums->Has(g.page, needs[g.a].seq);
     for (size_t k = g.a; k < g.z; k++) {
-      by_page.push_back({g.page, needs[k].r, needs[k].i, take_sums, true});
+      by_page.push_back({g.page, needs[k].r, needs[k].i, take_sums, true, needs[k].held});
       if (needs[k].held) pending[needs[k].r]++;  // rewritten from the page
     }
   }
@@ -351,7 +352,7 @@ Status StoreImpl::Gather::ReadWholePages() {
     std::vector<uint32_t> mine;
     for (const PageNeed& p : by_page)
       if (p.r == r) {
-        reqs[r].stats->page_rows++;
+        reqs[r].stats->page_rows += !p.held;
         if (mine.empty() || mine.back() != p.page) {
           if (p.dense)
             reqs[r].stats->dense_pages++;

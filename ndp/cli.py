@@ -47,6 +47,9 @@ def serve(
     tls_key: Annotated[Optional[Path], typer.Option("--tls-key", help="PEM private key.")] = None,
     max_message_mb: Annotated[float, typer.Option("--max-message-mb", help="Largest request or response.")] = 64,
     page_granular: Annotated[bool, typer.Option("--page-granular", help="Read whole pages instead of 512 B blocks.")] = False,
+    dense_page_rows: Annotated[Optional[int], typer.Option(
+        "--dense-page-rows", help="With block reads: a page from which one call needs at least this many rows is read "
+        "whole, in runs with its touched neighbours (0: blocks only). Default: the engine's, 2.")] = None,
     row_cache_mb: Annotated[float, typer.Option("--row-cache-mb", help="LRU row cache.")] = 0,
     hot_rows_mb: Annotated[float, typer.Option(
         "--hot-rows-mb", help="Static hot-row partition: filled once with the most frequent rows among the first "
@@ -74,6 +77,8 @@ def serve(
         fail(f"--threads must be between 1 and 4096, got {threads}")
     if pooled_min_bag < 0 or pooled_min_bag >= 2 ** 32:
         fail(f"--pooled-min-bag must be >= 0, got {pooled_min_bag}")
+    if dense_page_rows is not None and not 0 <= dense_page_rows < 2 ** 32:
+        fail(f"--dense-page-rows must be >= 0, got {dense_page_rows}")
     if hot_rows_profile_ids < 0:
         fail(f"--hot-rows-profile-ids must be >= 0, got {hot_rows_profile_ids}")
     if hot_rows_profile_ids == 0 and hot_rows_mb > 0:
@@ -88,7 +93,8 @@ def serve(
                         tls_key=str(tls_key) if tls_key else None, vector_grained=not page_granular,
                         row_cache_bytes=int(row_cache_mb * MB), hot_rows_bytes=int(hot_rows_mb * MB),
                         pooled_cache_bytes=int(pooled_cache_mb * MB), pooled_min_bag=pooled_min_bag,
-                        device_cache_bytes=int(device_cache_mb * MB), hot_rows_profile_ids=hot_rows_profile_ids)
+                        device_cache_bytes=int(device_cache_mb * MB), hot_rows_profile_ids=hot_rows_profile_ids,
+                        dense_page_rows=dense_page_rows)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

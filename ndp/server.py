@@ -277,6 +277,7 @@ class NdpDevice:
                                        pooled_min_bag=pooled_min_bag, device_cache_bytes=device_cache_bytes,
                                        hot_rows_profile_ids=hot_rows_profile_ids)
             self.engine = SlsEngine(self.tables, **self.engine_options)
+            self.engine_options["dense_page_rows"] = self.engine.dense_page_rows  # the default resolved, for status
             self.verified_pages = 0
             if verify_tables:  # warm-up: take each packed page's block checksums now, not on first lookups
                 for name in self.tables.tables():

@@ -375,6 +375,7 @@ def test_status_with_tls_ca(store, tmp_path):
     (["--row-cache-mb", "-5"], "--row-cache-mb must be >= 0, got -5"),
     (["--hot-rows-mb", "nan"], "--hot-rows-mb must be >= 0, got nan"),
     (["--threads", "0"], "--threads must be between 1 and 4096, got 0"),
+    (["--dense-page-rows", "-1"], "--dense-page-rows must be >= 0, got -1"),
     (["--max-message-mb", "0"], "--max-message-mb must be"),
     (["--hot-rows-mb", "1", "--hot-rows-profile-ids", "0"], "--hot-rows-profile-ids 0 would leave"),
 ])

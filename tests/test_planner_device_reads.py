@@ -41,3 +41,5 @@ def test_pages_only_and_bad_input():
     # every touched page whole: a table touched all over is a run of requests of 16 pages
     assert expected_device_reads(160_000, 128, 10**7, vector_grained=False) == pytest.approx(1_260 / 16, rel=0.05)
     assert expected_device_reads(0, 128, 10) == 0 and expected_device_reads(10, 128, 0) == 0
+    # a large threshold on a dense batch: no overflow, and everything is block reads
+    assert 0 < expected_device_reads(100_000, 128, 10**6, dense_page_rows=1000) <= 100_000

@@ -35,6 +35,7 @@ from torchrec.distributed.planner.types import (KernelConfig, Perf, ShardEstimat
 from torchrec.distributed.types import ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from recflash.ndp.sls import DENSE_PAGE_ROWS
 from recflash.reader.errors import InvalidArgumentError, UnknownFeatureError
 from recflash.torchrec_ext.sharding import SSD_KERNEL, SsdEmbeddingBagCollectionSharder
 
@@ -70,7 +71,7 @@ def _chain_requests(units: int, q: float, per_request: int, sparse: float = 0.0,
     return reads
 
 
-def expected_device_reads(rows: int, row_bytes: int, lookups: float, dense_page_rows: int = 2,
+def expected_device_reads(rows: int, row_bytes: int, lookups: float, dense_page_rows: int = DENSE_PAGE_ROWS,
                           vector_grained: bool = True, page_size: int = PAGE_SIZE) -> float:
     """Device requests the SLS engine issues for one batch of ``lookups`` uniformly drawn ids
     of a packed table (``SlsEngine``'s read rule, caches off): ids de-duplicated; a page with
@@ -94,7 +95,9 @@ def expected_device_reads(rows: int, row_bytes: int, lookups: float, dense_page_
     q = -math.expm1(-lam)                     # a page is touched
     if not vector_grained or q <= 0:
         return _chain_requests(pages, q, PAGES_PER_READ) if q > 0 else 0.0
-    pk = [math.exp(-lam) * lam ** k / math.factorial(k) for k in range(dense_page_rows)]
+    pk = [math.exp(-lam)]                     # Poisson(lam) at 0 .. dense_page_rows - 1
+    for k in range(1, dense_page_rows):
+        pk.append(pk[-1] * lam / k)
     sparse = sum(pk[1:]) / q                  # a touched page holds fewer than dense_page_rows
     rows_sparse = sum(k * pk[k] for k in range(1, dense_page_rows)) / max(1e-300, sum(pk[1:]))
     return _chain_requests(pages, q, PAGES_PER_READ, sparse, rows_sparse)
@@ -142,7 +145,7 @@ class TieringReport:
         """Row reads per sample the SSD tables need (before de-duplication and caches)."""
         return sum(t.pooling_factor for t in self.tables if t.tier == "ssd")  # one read per row
 
-    def ssd_device_reads_per_sample(self, batch_size: int, dense_page_rows: int = 2,
+    def ssd_device_reads_per_sample(self, batch_size: int, dense_page_rows: int = DENSE_PAGE_ROWS,
                                     vector_grained: bool = True) -> float:
         """Device requests per sample the SSD tables cost at ``batch_size`` with the engine's
         read rule (``expected_device_reads``): de-duplication within a batch and whole-page

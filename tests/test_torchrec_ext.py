@@ -133,6 +133,15 @@ def test_plan_offload_under_a_budget_sends_low_density_tables_to_ssd():
     assert {t for t, p in ps.items() if p.compute_kernel == "customized_kernel"} == {"geo", "user"}
     d = rep.to_dict()
     assert d["ssd_bytes_per_s"] == pytest.approx(2000 * 512 * 1.1)
+    # the engine's requests at the plan's batch: de-duplication and dense pages only lower them
+    assert d["batch_size"] == 512
+    assert 0 < d["ssd_device_reads_per_sample"] == pytest.approx(rep.ssd_device_reads_per_sample(512))
+    assert d["ssd_device_reads_per_sample"] <= rep.ssd_reads_per_sample
+    from rich.console import Console
+
+    console = Console(record=True, width=160)
+    rep.render(console)
+    assert "At batch 512 the engine issues about" in console.export_text()
 
 
 def test_checkpoint_load_and_export_round_trip(tmp_path):

@@ -127,6 +127,7 @@ class TieringReport:
     dram_budget_bytes: Optional[int]
     tables: List[TableDemand]
     device_iops: Optional[float] = None   # measured 512 B random-read IOPS at deep queue, if known
+    batch_size: Optional[int] = None      # the batch the plan is for (plan_offload's batch_size)
 
     @property
     def ssd_tables(self) -> List[str]:
@@ -172,7 +173,9 @@ class TieringReport:
         return {"qps": self.qps, "dram_budget_bytes": self.dram_budget_bytes, "device_iops": self.device_iops,
                 "dram_bytes": self.dram_bytes, "ssd_reads_per_sample": self.ssd_reads_per_sample,
                 "ssd_reads_per_s": self.ssd_reads_per_s, "ssd_bytes_per_s": self.ssd_bytes_per_s,
-                "device_fraction": self.device_fraction,
+                "device_fraction": self.device_fraction, "batch_size": self.batch_size,
+                "ssd_device_reads_per_sample": (self.ssd_device_reads_per_sample(self.batch_size)
+                                                if self.batch_size else None),
                 "tables": [dict(dataclasses.asdict(t), density=t.density) for t in self.tables]}
 
     def render(self, console=None) -> None:
@@ -200,6 +203,10 @@ class TieringReport:
         else:
             line += " (device IOPS not measured: pass device_iops= or measure_device_iops(dir))"
         console.print(line)
+        if self.batch_size and self.ssd_tables:
+            per = self.ssd_device_reads_per_sample(self.batch_size)
+            console.print(f"At batch {self.batch_size} the engine issues about {per:,.1f} device requests per sample "
+                          f"({per * self.qps:,.0f}/s): batch de-duplication, dense pages read whole (uniform ids)")
 
 
 def _mib(n: float) -> str:
@@ -338,7 +345,8 @@ def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequenc
         if dram_budget_bytes < 0:
             raise InvalidArgumentError(f"plan_offload: dram_budget_bytes must be >= 0, got {dram_budget_bytes}")
         tier_tables(demands, dram_budget_bytes)
-    report = TieringReport(qps=qps, dram_budget_bytes=dram_budget_bytes, tables=demands, device_iops=device_iops)
+    report = TieringReport(qps=qps, dram_budget_bytes=dram_budget_bytes, tables=demands, device_iops=device_iops,
+                           batch_size=batch_size)
 
     if store_path is not None:
         _check_store(store_path, [t for t in demands if t.tier == "ssd"], world_size)

@@ -266,7 +266,7 @@ def run(args, tmp: str, log_path: str) -> int:
         dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "pg"), 1), rank=0, world_size=1)
     model = build(scale, "meta")  # embedding tables on the meta device: never allocated
     say(console, f"planning: {table_bytes / 2**20:,.1f} MiB of tables, DRAM budget {budget / 2**20:,.1f} MiB")
-    plan = plan_offload(model, world_size=1, dram_budget_bytes=budget, qps=20_000,
+    plan = plan_offload(model, world_size=1, dram_budget_bytes=budget, qps=20_000, batch_size=args.batch,
                         pooling_factors={n: pf for n, _, _, pf in TABLES})
     ssd = plan.tiering.ssd_tables
 

@@ -199,9 +199,11 @@ def test_index_changed_before_its_copy(store_path, threads, decoded):
         def scan():
             try:
                 out["tab"] = st.scan("i")
+                out["stats"] = st.last_read_stats()
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 out["err"] = e
 
+        old_pages = np.unique(st.key_ranges("i")["page"])  # what the raced scan's first pass reads
         testing.arm_pause_point("scan.before_index_copy")
         try:
             t = threading.Thread(target=scan)
@@ -226,6 +228,17 @@ def test_index_changed_before_its_copy(store_path, threads, decoded):
                    for k, v in ((old_k, old_v), (new_k, new_v))), "the scan mixed two states"
         _check(st, state, "i")
         assert st.stats()["index_merge_fallbacks"] == after["index_merge_fallbacks"]
+        # the raced scan's statistics count both of its passes: the first read the old state's
+        # pages, the second the pages a plain scan of the new state reads
+        st.scan("i")
+        plain = st.last_read_stats()
+        raced = out["stats"]
+        assert raced["pages_read"] == len(old_pages) + plain["pages_read"], (raced, plain)
+        if threads == 1:  # one ring: a request per run of adjacent pages, at most max_io_bytes each
+            per = StoreOptions().max_io_bytes // st.page_size
+            runs = np.split(old_pages, np.flatnonzero(np.diff(old_pages) != 1) + 1)
+            first = sum(-(-len(r) // per) for r in runs)
+            assert raced["read_requests"] == first + plain["read_requests"], (raced, plain, first)
 
 
 def test_close_stops_the_lane_helpers(store_path):

@@ -113,6 +113,18 @@ struct ReadStats {
   // completions (a scan on several threads: the scan's own thread). The rest is the engine's
   // work: planning, checksums, decoding and placing records.
   double io_wait_seconds = 0;
+
+  // Another read of the same call (ScanMany's second pass): every field summed.
+  void Add(const ReadStats& o) {
+    pages_read += o.pages_read;
+    bytes_read += o.bytes_read;
+    useful_bytes += o.useful_bytes;
+    encoded_bytes += o.encoded_bytes;
+    read_requests += o.read_requests;
+    items += o.items;
+    seconds += o.seconds;
+    io_wait_seconds += o.io_wait_seconds;
+  }
 };
 
 // What a row gather did (see Store::GatherRows).

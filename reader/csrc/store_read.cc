@@ -341,12 +341,7 @@ Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, u
   RF_RETURN_IF_ERROR(ScanPass(again, lo, hi, false, &cols, &st2, &none));
   for (size_t k = 0; k < redo.size(); k++) (*out)[redo[k]] = std::move(cols[k]);
   index_merge_fallbacks_ += redo.size();
-  st->pages_read += st2.pages_read;
-  st->bytes_read += st2.bytes_read;
-  st->useful_bytes += st2.useful_bytes;
-  st->encoded_bytes += st2.encoded_bytes;
-  st->items += st2.items;
-  st->seconds += st2.seconds;
+  st->Add(st2);
   return Status::OK();
 }
 

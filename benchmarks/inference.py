@@ -241,6 +241,7 @@ def child_main(cfg: dict) -> None:
     import resource
     import torch
 
+    from recflash.ndp.sls import DENSE_PAGE_ROWS
     from recflash.ndp.traces import model_shape
 
     torch.set_num_threads(cfg.get("threads", 1))
@@ -368,7 +369,6 @@ def child_main(cfg: dict) -> None:
                      "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
             if method != "dram" and method != "mmap" and plan.tiering.ssd_tables:
                 # the engine's read rule at this batch (de-duplication, dense pages read whole)
-                from recflash.ndp.sls import DENSE_PAGE_ROWS
                 point["predicted_device_reads_per_sample"] = plan.tiering.ssd_device_reads_per_sample(
                     batch, int(sls.get("dense_page_rows", DENSE_PAGE_ROWS)), bool(sls.get("vector_grained", True)))
             if hits0 is not None:

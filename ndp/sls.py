@@ -18,6 +18,7 @@ import numpy as np
 from recflash.ndp.embedding import EmbeddingStore, _as_numpy, as_ids, check_range, table_errors
 from recflash.ndp.row_format import ROW_FORMATS
 from recflash.reader.errors import InvalidArgumentError
+from recflash.reader.store import dense_page_rows_arg
 
 
 @dataclasses.dataclass
@@ -88,16 +89,13 @@ class SlsEngine:
     def __init__(self, tables: EmbeddingStore, vector_grained: bool = True, row_cache_bytes: int = 0,
                  hot_rows_bytes: int = 0, pooled_cache_bytes: int = 0, pooled_min_bag: int = 8,
                  device_cache_bytes: int = 0, hot_rows_profile_ids: int = 100_000,
-                 dense_page_rows: int = None):
+                 dense_page_rows: Optional[int] = None):
         from recflash import _native
 
         self.tables = tables
         self.vector_grained = vector_grained
-        if dense_page_rows is None:
-            dense_page_rows = DENSE_PAGE_ROWS
-        if isinstance(dense_page_rows, bool) or not isinstance(dense_page_rows, (int, np.integer)) or dense_page_rows < 0:
-            raise InvalidArgumentError(f"SlsEngine: dense_page_rows must be an int >= 0 (0: off), got {dense_page_rows!r}")
-        self.dense_page_rows = int(dense_page_rows)
+        self.dense_page_rows = dense_page_rows_arg(DENSE_PAGE_ROWS if dense_page_rows is None else dense_page_rows,
+                                                   "SlsEngine")
         self._engine = _native.SlsEngine(tables.store.native_handle, dict(
             vector_grained=vector_grained, dense_page_rows=self.dense_page_rows, row_cache_bytes=int(row_cache_bytes),
             hot_rows_bytes=int(hot_rows_bytes), pooled_cache_bytes=int(pooled_cache_bytes),

@@ -318,6 +318,13 @@ def _to_arrow(values, default_type: pa.DataType, f: _Feature, infer: bool = Fals
         raise SchemaError(f"feature '{f.name}' is {f.type}; cannot convert values: {e}") from None
 
 
+def dense_page_rows_arg(value, where: str) -> int:
+    """A gather's dense_page_rows (Store.gather_rows, SlsEngine): an int >= 0, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2 ** 32:
+        raise InvalidArgumentError(f"{where}: dense_page_rows must be an int >= 0 (0: off), got {value!r}")
+    return int(value)
+
+
 def _keys(keys, what: str) -> np.ndarray:
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):
         if keys.null_count:
@@ -641,9 +648,8 @@ class Store:
         (verified against block checksums); otherwise rows are read with their whole page.
         dense_page_rows (with vector_grained; 0: off): a page from which this call needs at
         least that many rows is read whole instead, in runs with adjacent ones."""
-        if isinstance(dense_page_rows, bool) or not isinstance(dense_page_rows, (int, np.integer)) or dense_page_rows < 0:
-            raise InvalidArgumentError(f"gather_rows('{feature}'): dense_page_rows must be an int >= 0, got {dense_page_rows!r}")
-        return self._s.gather_rows(feature, _keys(ids, f"gather_rows('{feature}')"), bool(vector_grained), int(dense_page_rows))
+        where = f"gather_rows('{feature}')"
+        return self._s.gather_rows(feature, _keys(ids, where), bool(vector_grained), dense_page_rows_arg(dense_page_rows, where))
 
     def verify_rows(self, feature: str) -> int:
         """Reads the packed pages of an embedding table whose block checksums are not held

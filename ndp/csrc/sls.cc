@@ -59,25 +59,17 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
     RF_RETURN_IF_ERROR(Validate(r, wk.def));
     RF_RETURN_IF_ERROR(Prepare(r, &wk));
     wk.gs = GatherStats();
-    if (!wk.miss.empty()) {
+    if (!wk.miss_u.empty()) {
+      // Every unique row goes to the gather, the cached ones marked held: they count towards
+      // their page's rows (hits do not thin out the pages read whole) and are not read for
+      // themselves. The gather writes straight into `rows`.
       GatherRequest g;
       g.feature = r.table;
       g.stats = &wk.gs;
-      // With caches and dense pages, every unique row goes to the gather, the cached ones
-      // marked held: they count towards their page's rows, so hits do not thin out the pages
-      // read whole, and the gather writes straight into `rows`.
-      wk.with_held = o_.vector_grained && o_.dense_page_rows > 0 && wk.miss.size() < wk.uids.size();
-      if (wk.with_held) {
-        g.ids = wk.uids.data();
-        g.n = wk.uids.size();
-        g.out = wk.rows.data();
-        g.have = wk.held.data();
-      } else {
-        wk.fetched.resize(wk.miss.size() * wk.words);
-        g.ids = wk.miss.data();
-        g.n = wk.miss.size();
-        g.out = wk.fetched.data();
-      }
+      g.ids = wk.uids.data();
+      g.n = wk.uids.size();
+      g.out = wk.rows.data();
+      g.have = wk.held.data();
       gathers.push_back(std::move(g));
       gather_of.push_back(k);
     } else {
@@ -91,11 +83,9 @@ Status SlsEngine::Run(const std::vector<SlsRequest>& requests, SlsStats* stats) 
       const size_t k = gather_of[g];
       Work& wk = work_[k];
       const uint32_t words = wk.words;
-      for (size_t m = 0; m < wk.miss.size(); m++) {
-        float* dst = wk.rows.data() + static_cast<size_t>(wk.miss_u[m]) * words;
-        const float* row = wk.with_held ? dst : wk.fetched.data() + m * words;
-        if (!wk.with_held) std::memcpy(dst, row, words * sizeof(float));
-        const uint64_t key = RowKey(wk.def.id, wk.miss[m]);
+      for (const uint32_t u : wk.miss_u) {  // the rows the caches lacked: into them now
+        const float* row = wk.rows.data() + static_cast<size_t>(u) * words;
+        const uint64_t key = RowKey(wk.def.id, wk.uids[u]);
         if (rows_.enabled()) rows_.Put(key, row, words);
         if (wk.dev) wk.dev->Put(key, row);
       }
@@ -172,7 +162,6 @@ Status SlsEngine::Prepare(const SlsRequest& r, Work* wk) {
   }
   // Rows: hot partition, host row cache, store-side cache; the rest are gathered.
   wk->rows.resize(wk->uids.size() * words);
-  wk->miss.clear();
   wk->miss_u.clear();
   wk->held.assign(wk->uids.size(), 1);
   wk->dev = DeviceCache(fid, words);
@@ -189,7 +178,6 @@ Status SlsEngine::Prepare(const SlsRequest& r, Work* wk) {
     }
     if (rows_.enabled() && rows_.Get(key, dst, words)) continue;
     if (wk->dev && wk->dev->Get(key, dst)) continue;
-    wk->miss.push_back(wk->uids[u]);
     wk->miss_u.push_back(static_cast<uint32_t>(u));
     wk->held[u] = 0;
   }

@@ -76,11 +76,10 @@ class SlsEngine {
     std::vector<uint8_t> done;  // bags answered by the pooled cache
     bool pool_cacheable = false;
     std::vector<uint32_t> order, uid_of, miss_u;
-    std::vector<uint64_t> uids, miss;
+    std::vector<uint64_t> uids;
     uint32_t words = 0;          // stored width of a row (RowWords)
-    std::vector<float> rows, fetched, decoded;  // raw rows; decoded (quantized formats only)
+    std::vector<float> rows, decoded;  // raw rows; decoded (quantized formats only)
     std::vector<uint8_t> held;  // per unique row: served by a cache (GatherRequest::have)
-    bool with_held = false;     // this call gathers every unique row, the cached ones held
     DirectMappedCache* dev = nullptr;
     GatherStats gs;
   };

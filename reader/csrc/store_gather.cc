@@ -53,7 +53,8 @@ class StoreImpl::Gather {
   Gather(StoreImpl* s, const std::vector<GatherRequest>& reqs_, std::vector<FeatureDef> defs_, bool vector_grained_,
          uint32_t dense_page_rows_, const GatherDoneFn& done_, double t0_)
       : s_(s), reqs(reqs_), defs(std::move(defs_)), nr(reqs_.size()), ps(s->o_.page_size),
-        vector_grained(vector_grained_), dense_page_rows(dense_page_rows_), done(done_), t0(t0_), locs(nr), deferred(nr, 0), pending(nr, 0) {}
+        vector_grained(vector_grained_), dense_page_rows(dense_page_rows_), done(done_), t0(t0_), locs(nr),
+        deferred(nr, 0), pending(nr, 0) {}
 
   // Buffered rows are copied out; every other row gets its page (or an error naming it).
   // Registers the version read (the caller holds a VersionSet::Reader on v->number).

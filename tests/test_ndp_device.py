@@ -316,6 +316,15 @@ def test_sigterm_lets_in_flight_requests_finish_and_status_command(store):
             rng = np.random.default_rng(9)
             batches = [_bags(rng, 5000, 256, 64) for _ in range(40)]
             futs = [c.submit_sls([SlsRequest("a", i, o)]) for i, o in batches]
+            # SIGTERM only once the server holds a request: sent earlier, every request may still be on
+            # its way and rightly refused, which says nothing about in-flight requests finishing.
+            deadline = time.monotonic() + TIMEOUT
+            while True:
+                st = c.stats()
+                if st["in_flight"] >= 1 or st["traffic"].get("Sls", {}).get("calls", 0) >= 1:
+                    break
+                assert time.monotonic() < deadline, "no Sls request reached the server"
+                time.sleep(0.001)
             srv.proc.send_signal(signal.SIGTERM)
             answered = 0
             for f, (i, o) in zip(futs, batches):

@@ -41,7 +41,10 @@ def _snapshot(s: Store) -> dict:
         "live_items": st["live_items"],
         "pages_in_use": st["pages_in_use"],
         "fragmentation": st["fragmentation"],
-        "features": {f: {k: v for k, v in d.items() if k != "key_index_bytes"} for f, d in st["features"].items()},
+        # the key index's in-memory form (its bytes; a key array, a dense run, or deferred after
+        # a clean reopen) may differ between sessions holding the same data
+        "features": {f: {k: v for k, v in d.items() if k not in ("key_index_bytes", "dense_keys")}
+                     for f, d in st["features"].items()},
     }
 
 

@@ -760,3 +760,63 @@ def test_merge_run_weight_leaves_fewer_device_reads(tmp_path):
     for f in d0:
         assert np.array_equal(d0[f][0], d1[f][0]) and np.array_equal(d0[f][1], d1[f][1]), f
     assert runs < plain, (runs, plain)
+
+
+def test_current_index_of_gapless_rows_stays_deferred_across_a_clean_reopen(store_path):
+    """A fixed-width feature whose live records are all current, in disjoint gapless key ranges
+    and without tombstones (an embedding table, updated, then compact()ed) reopens from the
+    checkpoint with no per-key index: lookups name pages through the page table, so DRAM stays
+    O(pages) instead of 4 bytes per key. The first update builds the index again from the page
+    table, with no page read; every read stays exact. A feature with gaps keeps its index."""
+    n = 20000
+    keys = np.arange(n, dtype=U64)
+    rng = np.random.default_rng(5)
+    vals = rng.standard_normal((n, 8)).astype(np.float32)
+    opts = small_options()
+    with Store.open(store_path, opts) as s:
+        s.create_feature("e", FSL_TYPE)
+        s.create_feature("sparse", FSL_TYPE)
+        s.put("sparse", keys * 3, vals)
+        s.put("e", keys, vals)
+        s.flush()
+        s.put("e", keys[::7], vals[::7] + 1)  # an update: the index is built, pages overlap
+        vals[::7] += 1
+        s.flush()
+        s.put("sparse", keys[::7] * 3, vals[::7])
+        s.compact(["e", "sparse"])
+        assert s.stats()["features"]["e"]["key_index_bytes"] >= 4 * n
+    probe = keys[[0, 1, 7, 4999, n - 1]]
+
+    def scan_equals(s):
+        t = s.scan("e")
+        np.testing.assert_array_equal(t.column("key").to_numpy(), keys)
+        np.testing.assert_array_equal(t.column("value").combine_chunks().flatten().to_numpy().reshape(-1, 8), vals)
+
+    with Store.open(store_path, opts) as s:
+        for _ in range(2):  # before and after the first lookup decodes the checkpoint's index
+            got = s.get("e", probe)
+            np.testing.assert_array_equal(got.flatten().to_numpy().reshape(-1, 8), vals[[0, 1, 7, 4999, n - 1]])
+            rows, _ = s.gather_rows("e", probe)
+            np.testing.assert_array_equal(rows, vals[[0, 1, 7, 4999, n - 1]])
+            assert s.stats()["features"]["e"]["key_index_bytes"] < 64, "deferred: no per-key state"
+        r0 = s.stats()["pages_read"]
+        np.testing.assert_array_equal(s.scan_keys("e"), keys)
+        assert s.stats()["pages_read"] == r0, "keys-only scan of gapless segments: from the page table"
+        ks = s.scan_keys("sparse")
+        np.testing.assert_array_equal(ks, keys * 3)
+        assert s.stats()["features"]["sparse"]["key_index_bytes"] >= 4 * n, "gaps: the checkpoint's index"
+        scan_equals(s)
+        read0 = s.stats()["pages_read"]
+        s.put("e", keys[[2, 4]], np.zeros((2, 8), np.float32))
+        vals[[2, 4]] = 0
+        s._s.flush(True)  # past the pinner, which would keep two items back
+        read = s.stats()["pages_read"] - read0
+        assert read == 0, f"the index of gapless segments comes from the page table, not {read} page reads"
+        assert s.stats()["features"]["e"]["key_index_bytes"] >= 4 * n
+        rows, _ = s.gather_rows("e", keys[:8])
+        np.testing.assert_array_equal(rows, vals[:8])
+    with Store.open(store_path, opts) as s:  # updated: two versions of keys 2 and 4 on disk
+        rows, _ = s.gather_rows("e", keys[:8])
+        np.testing.assert_array_equal(rows, vals[:8])
+        scan_equals(s)
+        assert s.stats()["features"]["e"]["key_index_bytes"] > 64

@@ -240,6 +240,54 @@ Status StoreImpl::WriteCheckpoint() {
   return Status::OK();
 }
 
+namespace {
+
+// A fixed-width feature whose live segments each hold a gapless key range (count = max - min
+// + 1), pairwise disjoint, with no tombstones and only valid records, has one current record
+// per key, and the page table names every key: its index is the deferred one (see KeyIndex),
+// which RebuildFromPages also gives it after a crash. Kept deferred here too: decoded at its
+// first lookup, the checkpoint's index would cost 4 bytes per key (an embedding table
+// rewritten once by a merge or compact(): 4 GB of DRAM per billion rows, only to name pages the
+// page table already names). Lookups, scans and keys-only scans need no page read for it; the
+// first write that is not an append builds the index from the page table
+// (MaterializeIndexLocked). Features with gaps keep the checkpoint's index, which serves their
+// keys-only scans without reading pages.
+void DeferCurrentIndexes(const std::vector<CheckpointFeature>& fs, FeatureTable* features,
+                         const LogicalPageTable& pages_) {
+  const size_t nfid = features->All().empty() ? 0 : features->All().back()->def.id + 1;
+  std::vector<uint8_t> ok(nfid, 1);
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(nfid);
+  for (uint32_t p = 0; p < pages_.slots(); p++) {
+    const PageMeta& pm = pages_.at(p);
+    if (!pm.live) continue;
+    for (const SegMeta& sm : pm.segs) {
+      if (sm.retired || sm.fid >= nfid || !ok[sm.fid]) continue;
+      if (sm.tombs != 0 || sm.valid != sm.count || sm.max_key - sm.min_key + 1 != sm.count) {
+        ok[sm.fid] = 0;
+        continue;
+      }
+      if (sm.count) ranges[sm.fid].emplace_back(sm.min_key, sm.max_key);
+    }
+  }
+  for (const CheckpointFeature& f : fs) {
+    FeatureState* st = features->Get(f.id);
+    if (f.sum.mode == 2 || !ok[f.id] || f.tombs != 0 || st->def.fixed_width() == 0) continue;
+    auto& r = ranges[f.id];
+    std::sort(r.begin(), r.end());
+    bool disjoint = true;
+    for (size_t i = 1; i < r.size() && disjoint; i++) disjoint = r[i].first > r[i - 1].second;
+    if (!disjoint) continue;
+    KeyIndex deferred;
+    deferred.Defer();
+    if (!r.empty()) deferred.AppendDeferred(f.items, r.back().second);
+    st->index_blob.clear();
+    deferred.Serialize(&st->index_blob);
+    std::vector<std::pair<uint64_t, uint64_t>>().swap(r);
+  }
+}
+
+}  // namespace
+
 bool StoreImpl::LoadCheckpoint() {
   std::string data;
   if (!ReadWholeFile(StoreFileName(path_, FileKind::kCheckpoint), &data)) return false;
@@ -312,7 +360,9 @@ bool StoreImpl::LoadCheckpoint() {
       st->index_ranges.push_back({pid, sm.min_key, sm.max_key});
     }
   }
+  if (!o_.accounting) DeferCurrentIndexes(fs, &features_, pages_);  // accounting: no pages to materialize from
   return true;
 }
+
 
 }  // namespace recflash

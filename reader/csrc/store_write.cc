@@ -382,7 +382,22 @@ Status StoreImpl::MaterializeIndexLocked(FeatureState* f) {
     chunks.push_back({keys[begin], keys.back(), pid, begin, sv.count});
     return Status::OK();
   };
-  if (!pids.empty()) {
+  // Fixed-width segments without gaps in their key ranges (an embedding table's rows) name
+  // their keys in the page table: the index is built with no page read.
+  bool implied = w != 0;
+  for (size_t i = 0; i < pids.size() && implied; i++)
+    for (const SegMeta& sm : pages_.at(pids[i]).segs)
+      if (sm.fid == def.id && !sm.retired && (sm.tombs || sm.max_key - sm.min_key + 1 != sm.count)) implied = false;
+  if (implied) {
+    for (uint32_t pid : pids)
+      for (const SegMeta& sm : pages_.at(pid).segs) {
+        if (sm.fid != def.id || sm.retired || sm.count == 0) continue;
+        const size_t begin = keys.size();
+        keys.resize(begin + sm.count);
+        std::iota(keys.begin() + begin, keys.end(), sm.min_key);
+        chunks.push_back({sm.min_key, sm.max_key, pid, begin, sm.count});
+      }
+  } else if (!pids.empty()) {
     RF_RETURN_IF_ERROR(ReadPages(write_ring_.get(), pids, cb));
     pages_read_ += pids.size();
     bytes_read_ += pids.size() * static_cast<uint64_t>(o_.page_size);

@@ -66,19 +66,39 @@ def table_names(shape):
     return [f"{shape.name.lower()}_t{i}" for i in range(shape.num_tables)]
 
 
+def weight_blocks(shape, t: int, rows_from: int = 0, rows_to: int = None):
+    """Rows [rows_from, rows_to) of table t, uniform(-0.05, 0.05), as (first row, block) pairs of at
+    most 16 K rows. The values are a function of (model, t, 256 K-row chunk): each chunk's stream
+    is drawn a slice at a time (the same numbers as one draw), so filling a table costs a few MiB
+    beyond the table, not two chunk-sized temporaries that would show in the child's peak RSS."""
+    import torch
+
+    rows_to = shape.num_rows if rows_to is None else rows_to
+    chunk, sub = 1 << 18, 1 << 14
+    for a in range(rows_from - rows_from % chunk, rows_to, chunk):
+        g = torch.Generator().manual_seed(zlib.crc32(f"{shape.name}/{t}/{a}".encode()))  # hash() is salted per process
+        end = min(a + chunk, shape.num_rows)
+        for s in range(a, min(end, rows_to), sub):
+            e = min(s + sub, end)
+            block = torch.rand(e - s, shape.dim, generator=g)  # drawn even when skipped: keeps the stream
+            lo, hi = max(s, rows_from), min(e, rows_to)
+            if lo < hi:
+                yield lo, block[lo - s:hi - s].mul_(0.1).sub_(0.05)
+
+
+def fill_table_weight(shape, t: int, dest, rows_from: int = 0) -> None:
+    """Writes rows [rows_from, rows_from + len(dest)) of table t into `dest` in place."""
+    for lo, b in weight_blocks(shape, t, rows_from, rows_from + dest.shape[0]):
+        dest[lo - rows_from:lo - rows_from + b.shape[0]] = b
+
+
 def table_weight(shape, t: int, rows_from: int = 0, rows_to: int = None):
-    """Rows [rows_from, rows_to) of table t: uniform(-0.05, 0.05), a function of (model, t, chunk)."""
+    """Rows [rows_from, rows_to) of table t as one tensor."""
     import torch
 
     rows_to = shape.num_rows if rows_to is None else rows_to
     out = torch.empty(rows_to - rows_from, shape.dim)
-    chunk = 1 << 18
-    for a in range(rows_from - rows_from % chunk, rows_to, chunk):
-        g = torch.Generator().manual_seed(zlib.crc32(f"{shape.name}/{t}/{a}".encode()))  # hash() is salted per process
-        block = torch.rand(min(chunk, shape.num_rows - a), shape.dim, generator=g).mul_(0.1).sub_(0.05)
-        lo, hi = max(a, rows_from), min(a + chunk, rows_to)
-        if lo < hi:
-            out[lo - rows_from:hi - rows_from] = block[lo - a:hi - a]
+    fill_table_weight(shape, t, out, rows_from)
     return out
 
 
@@ -308,9 +328,7 @@ def child_main(cfg: dict) -> None:
                 w = sd[f"sparse_arch.embedding_bag_collection.embedding_bags.{n}.weight"]
                 w = w.local_shards()[0].tensor if hasattr(w, "local_shards") else w
                 with torch.no_grad():
-                    for a in range(0, shape.num_rows, 1 << 18):
-                        z = min(shape.num_rows, a + (1 << 18))
-                        w[a:z].copy_(table_weight(shape, t, a, z))
+                    fill_table_weight(shape, t, w)
         del sd
         run = dmp
         mods = find_ssd_modules(dmp)

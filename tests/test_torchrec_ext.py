@@ -120,7 +120,7 @@ def test_plan_offload_under_a_budget_sends_low_density_tables_to_ssd():
     pf = {"user": 1.0, "item": 20.0, "cat": 5.0, "geo": 0.1}
     budget = 4 * (3000 * 8 + 200 * 4) + 100  # item and cat fit; user and geo do not
     plan = plan_offload(model, world_size=1, dram_budget_bytes=budget, qps=2000, pooling_factors=pf,
-                        device_iops=80_000, print_table=False)
+                        device_iops=80_000, print_table=False, count_engine_dram=False)  # tables alone
     rep = plan.tiering
     assert sorted(rep.ssd_tables) == ["geo", "user"]
     assert sorted(rep.dram_tables) == ["cat", "item"]
@@ -142,6 +142,56 @@ def test_plan_offload_under_a_budget_sends_low_density_tables_to_ssd():
     console = Console(record=True, width=160)
     rep.render(console)
     assert "At batch 512 the engine issues about" in console.export_text()
+
+
+def test_plan_offload_budget_pays_for_the_engine_dram_of_ssd_tables():
+    from torchrec import EmbeddingBagConfig
+
+    from recflash.torchrec_ext import engine_dram_bytes, ssd_resident_bytes
+    from recflash.torchrec_ext.planner import READ_BUFFER_BYTES
+
+    shapes = {"user": (2_000_000, 16), "item": (1_000_000, 8), "cat": (200_000, 4), "geo": (500_000, 12)}
+    cfgs = [EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[n]) for n, (r, d) in shapes.items()]
+    model = EmbeddingBagCollection(tables=cfgs, device=torch.device("meta"))  # never allocated
+    pf = {"user": 1.0, "item": 20.0, "cat": 5.0, "geo": 0.1}  # density order: cat, item, user, geo
+    # block checksums: 4 B per 512 B block of each page + 64 B per page; 255 rows of dim 16 per page
+    assert ssd_resident_bytes(5000, 16) == -(-5000 // 255) * (4 * 32 + 64)
+    tables = {n: 4 * r * d for n, (r, d) in shapes.items()}
+
+    def plan(budget, batch=64):
+        return plan_offload(model, world_size=1, dram_budget_bytes=budget, qps=2000, pooling_factors=pf,
+                            batch_size=batch, print_table=False).tiering
+
+    rep0 = plan(sum(tables.values()))  # everything fits exactly: no SSD table, so no engine DRAM
+    assert rep0.ssd_tables == [] and rep0.engine_dram_bytes == 0 and rep0.over_budget_bytes == 0
+    ssd = [t for t in rep0.tables if t.name in ("user", "geo")]
+    engine = engine_dram_bytes(ssd, 64)
+    batch_rows = sum(2 * 4 * t.dim * 64 * t.pooling_factor for t in ssd)
+    sums = ssd_resident_bytes(*shapes["user"]) + ssd_resident_bytes(*shapes["geo"])
+    assert engine == int(READ_BUFFER_BYTES + sums + batch_rows)
+    exact = tables["item"] + tables["cat"] + engine
+    rep = plan(exact)  # item and cat fit only with the engine's share for user and geo counted
+    assert sorted(rep.dram_tables) == ["cat", "item"] and rep.engine_dram_bytes == engine
+    assert rep.dram_bytes + rep.engine_dram_bytes == exact and rep.over_budget_bytes == 0
+    without = plan_offload(model, world_size=1, dram_budget_bytes=exact - 1, qps=2000, pooling_factors=pf,
+                           batch_size=64, print_table=False, count_engine_dram=False).tiering
+    assert sorted(without.dram_tables) == ["cat", "item"]  # tables alone: they fit
+    rep = plan(exact - 1)  # one byte less: item moves to SSD (geo, smaller, may take its place)
+    assert "item" not in rep.dram_tables and "cat" in rep.dram_tables
+    assert rep.dram_bytes + rep.engine_dram_bytes <= exact - 1 and rep.over_budget_bytes == 0
+    tiny = plan(4096)  # not even the engine fits: every table on SSD, the excess reported
+    assert sorted(tiny.ssd_tables) == sorted(shapes) and tiny.over_budget_bytes == tiny.engine_dram_bytes - 4096
+    d = tiny.to_dict()
+    assert d["engine_dram_bytes"] == tiny.engine_dram_bytes and d["engine_dram_counted"] is True
+    assert d["over_budget_bytes"] > 0
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    tiny.render(console)
+    text = console.export_text()
+    assert "The engine keeps about" in text and "The budget is passed by" in text
+    # one call's rows are bounded by the kernel's max_gather_bytes
+    assert engine_dram_bytes(ssd, 10 ** 7) == READ_BUFFER_BYTES + sums + (16 << 20)
 
 
 def test_checkpoint_load_and_export_round_trip(tmp_path):

@@ -103,6 +103,33 @@ def expected_device_reads(rows: int, row_bytes: int, lookups: float, dense_page_
     return _chain_requests(pages, q, PAGES_PER_READ, sparse, rows_sparse)
 
 
+# What the engine keeps in DRAM for SSD tables, counted against ``dram_budget_bytes``:
+READ_BUFFER_BYTES = 32 * (256 << 10) + 128 * 4096  # a read ring's slots (StoreOptions queue_depth x
+                                                    # max_io_bytes) and the block-read ring's
+BLOCK_SUM_PAGE_BYTES = 64  # a page's entry in the block-checksum map (hash node, seq, headers) besides its sums
+MAX_GATHER_BYTES = 16 << 20  # the SSD kernel's bound on the rows one engine call holds (max_gather_bytes)
+
+
+def ssd_resident_bytes(rows: int, dim: int, page_size: int = PAGE_SIZE) -> int:
+    """DRAM the engine keeps for an SSD table once its pages have been read: a 4-byte checksum
+    per 512-byte block of each page (vector-grained reads are verified against them) and the
+    map entry holding them; about 1.2 % of the table's bytes."""
+    per_page = max(1, (page_size - PAGE_HEADER_BYTES) // max(1, 4 * dim))
+    return math.ceil(rows / per_page) * (4 * (page_size // DEVICE_BLOCK) + BLOCK_SUM_PAGE_BYTES)
+
+
+def engine_dram_bytes(ssd: Sequence["TableDemand"], batch_size: int, max_gather_bytes: int = MAX_GATHER_BYTES) -> int:
+    """DRAM the SLS engine needs to serve the SSD tables ``ssd`` at ``batch_size``: its read
+    buffers, the tables' block checksums (``ssd_resident_bytes``) and one call's rows (the SSD
+    kernel holds about 2 x ids x row bytes per call, at most ``max_gather_bytes``). 0 without
+    SSD tables. The engine's caches (``cache_bytes``) come on top."""
+    if not ssd:
+        return 0
+    rows = sum(2 * 4 * t.dim * batch_size * t.pooling_factor for t in ssd)
+    return int(READ_BUFFER_BYTES + sum(ssd_resident_bytes(t.rows, t.dim) for t in ssd)
+               + min(max_gather_bytes, rows))
+
+
 @dataclasses.dataclass
 class TableDemand:
     """One table's numbers in the tiering decision."""
@@ -128,6 +155,7 @@ class TieringReport:
     tables: List[TableDemand]
     device_iops: Optional[float] = None   # measured 512 B random-read IOPS at deep queue, if known
     batch_size: Optional[int] = None      # the batch the plan is for (plan_offload's batch_size)
+    engine_dram_counted: bool = False     # the budget paid for the engine's DRAM (tier_tables' engine_batch_size)
 
     @property
     def ssd_tables(self) -> List[str]:
@@ -140,6 +168,19 @@ class TieringReport:
     @property
     def dram_bytes(self) -> int:
         return sum(t.dram_bytes for t in self.tables if t.tier == "dram")
+
+    @property
+    def engine_dram_bytes(self) -> int:
+        """What the engine keeps in DRAM for the SSD tables at the plan's batch (``engine_dram_bytes``)."""
+        return engine_dram_bytes([t for t in self.tables if t.tier == "ssd"], self.batch_size or 1)
+
+    @property
+    def over_budget_bytes(self) -> int:
+        """How far DRAM tables (plus the engine's DRAM, when counted) pass the budget; 0 within it."""
+        if self.dram_budget_bytes is None:
+            return 0
+        total = self.dram_bytes + (self.engine_dram_bytes if self.engine_dram_counted else 0)
+        return max(0, total - self.dram_budget_bytes)
 
     @property
     def ssd_reads_per_sample(self) -> float:
@@ -174,6 +215,8 @@ class TieringReport:
                 "dram_bytes": self.dram_bytes, "ssd_reads_per_sample": self.ssd_reads_per_sample,
                 "ssd_reads_per_s": self.ssd_reads_per_s, "ssd_bytes_per_s": self.ssd_bytes_per_s,
                 "device_fraction": self.device_fraction, "batch_size": self.batch_size,
+                "engine_dram_bytes": self.engine_dram_bytes, "engine_dram_counted": self.engine_dram_counted,
+                "over_budget_bytes": self.over_budget_bytes,
                 "ssd_device_reads_per_sample": (self.ssd_device_reads_per_sample(self.batch_size)
                                                 if self.batch_size else None),
                 "tables": [dict(dataclasses.asdict(t), density=t.density) for t in self.tables]}
@@ -203,6 +246,16 @@ class TieringReport:
         else:
             line += " (device IOPS not measured: pass device_iops= or measure_device_iops(dir))"
         console.print(line)
+        if self.ssd_tables:
+            line = (f"The engine keeps about {_mib(self.engine_dram_bytes)} of DRAM for the SSD tables at batch "
+                    f"{self.batch_size or 1} (read buffers, block checksums, one call's rows)")
+            if self.dram_budget_bytes is not None and self.engine_dram_counted:
+                line += (f"; with the DRAM tables {_mib(self.dram_bytes + self.engine_dram_bytes)} of the "
+                         f"{_mib(self.dram_budget_bytes)} budget")
+            console.print(line)
+        if self.over_budget_bytes:
+            console.print(f"[red]The budget is passed by {_mib(self.over_budget_bytes)}[/]: even with every table on SSD "
+                          f"the engine needs more DRAM than the budget gives (a smaller batch_size needs less)")
         if self.batch_size and self.ssd_tables:
             per = self.ssd_device_reads_per_sample(self.batch_size)
             console.print(f"At batch {self.batch_size} the engine issues about {per:,.1f} device requests per sample "
@@ -213,13 +266,28 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
 
-def tier_tables(demands: Sequence[TableDemand], dram_budget_bytes: int) -> List[TableDemand]:
-    """SDM's placement: DRAM to the highest bandwidth per DRAM byte first, until the budget is used."""
-    left = int(dram_budget_bytes)
-    for t in sorted(demands, key=lambda t: (-t.density, t.name)):
-        if t.dram_bytes <= left:
+def tier_tables(demands: Sequence[TableDemand], dram_budget_bytes: int,
+                engine_batch_size: Optional[int] = None) -> List[TableDemand]:
+    """SDM's placement: DRAM to the highest bandwidth per DRAM byte first, until the budget is used.
+
+    With ``engine_batch_size`` the budget also pays for what the engine keeps in DRAM for the
+    tables left on SSD at that batch (``engine_dram_bytes``): a table goes to DRAM only if its
+    rows plus the engine's share for the rest still fit. Without SSD tables there is no engine
+    share; when even all tables on SSD do not fit, all go to SSD (the report says by how much
+    the budget is passed)."""
+    if sum(t.dram_bytes for t in demands) <= int(dram_budget_bytes):  # all in DRAM: no engine at all
+        for t in demands:
             t.tier = "dram"
-            left -= t.dram_bytes
+        return list(demands)
+    ssd = list(demands)
+    used = 0
+    for t in sorted(demands, key=lambda t: (-t.density, t.name)):
+        rest = [x for x in ssd if x is not t]
+        engine = engine_dram_bytes(rest, engine_batch_size) if engine_batch_size else 0
+        if used + t.dram_bytes + engine <= int(dram_budget_bytes):
+            t.tier = "dram"
+            used += t.dram_bytes
+            ssd = rest
         else:
             t.tier = "ssd"
     return list(demands)
@@ -298,7 +366,7 @@ def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequenc
                  pooling_factors: Optional[Dict[str, float]] = None, ssd_cap_bytes: Optional[int] = None,
                  batch_size: int = 512, device_iops: Optional[float] = None, store_path=None,
                  dram_sharding_type: str = ShardingType.TABLE_WISE.value, cache_bytes: int = 0,
-                 print_table: bool = True) -> OffloadPlan:
+                 print_table: bool = True, count_engine_dram: bool = True) -> OffloadPlan:
     """A TorchRec ``ShardingPlan`` with the SSD tables on recflash's kernel.
 
     Give either ``ssd_tables`` (names) or ``dram_budget_bytes`` (SDM tiering by demanded
@@ -307,7 +375,10 @@ def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequenc
     free space of ``store_path``'s file system, else 2 TiB); ``device_iops`` the device's
     measured random-read IOPS (see ``measure_device_iops``). ``store_path``, when given, is
     checked to hold every SSD table with the model's shape. The returned plan's ``tiering``
-    holds the decision; ``print_table`` prints it.
+    holds the decision; ``print_table`` prints it. With ``count_engine_dram`` (default) the
+    budget also pays for what the engine keeps in DRAM for the SSD tables at ``batch_size``
+    (read buffers, block checksums, one call's rows: ``engine_dram_bytes``), so DRAM tables
+    plus the engine stay within it; the engine's caches (``cache_bytes``) are not part of it.
     """
     if (ssd_tables is None) == (dram_budget_bytes is None):
         raise InvalidArgumentError("plan_offload: give exactly one of ssd_tables= or dram_budget_bytes=")
@@ -344,9 +415,9 @@ def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequenc
     else:
         if dram_budget_bytes < 0:
             raise InvalidArgumentError(f"plan_offload: dram_budget_bytes must be >= 0, got {dram_budget_bytes}")
-        tier_tables(demands, dram_budget_bytes)
+        tier_tables(demands, dram_budget_bytes, batch_size if count_engine_dram else None)
     report = TieringReport(qps=qps, dram_budget_bytes=dram_budget_bytes, tables=demands, device_iops=device_iops,
-                           batch_size=batch_size)
+                           batch_size=batch_size, engine_dram_counted=bool(count_engine_dram))
 
     if store_path is not None:
         _check_store(store_path, [t for t in demands if t.tier == "ssd"], world_size)

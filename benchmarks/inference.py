@@ -297,16 +297,18 @@ def child_main(cfg: dict) -> None:
             plan = plan_offload(model, world_size=1, ssd_tables=[], print_table=False)
         elif method == "recflash+cache":
             plan = plan_offload(model, world_size=1, dram_budget_bytes=budget // 2, print_table=False,
-                                pooling_factors={n: shape.lookups for n in names})
+                                pooling_factors={n: shape.lookups for n in names}, batch_size=max(cfg["batches"]))
             # The engine charges a cached row its bytes + 64; on the heap it costs about 192 B
             # more (hash node, LRU node, the row's vector and the allocator's headers): size the
-            # cache so that what it really takes fits what is left of the budget.
-            left = max(0, budget - plan.tiering.dram_bytes)
+            # cache so that what it really takes fits what is left of the budget (after the DRAM
+            # tables and the engine's own DRAM for the SSD tables).
+            left = max(0, budget - plan.tiering.dram_bytes - plan.tiering.engine_dram_bytes)
             row = 4 * shape.dim
             sls = {"row_cache_bytes": int(left * (row + 64) / (row + 192))}
         else:
+            # planned for the largest batch served: the engine's DRAM for a call's rows grows with it
             plan = plan_offload(model, world_size=1, dram_budget_bytes=budget, print_table=False,
-                                pooling_factors={n: shape.lookups for n in names})
+                                pooling_factors={n: shape.lookups for n in names}, batch_size=max(cfg["batches"]))
         location = cfg["store"]
         if method == "recflash-device":
             server, location = start_device_server(cfg["store"], Path(cfg["work"]), sls, cfg["model"])
@@ -315,7 +317,8 @@ def child_main(cfg: dict) -> None:
             atexit.register(stop_server, server)  # also when this child fails
             sls = {"timeout": 600.0}
         out["plan"] = {"ssd_tables": plan.tiering.ssd_tables, "dram_tables": plan.tiering.dram_tables,
-                       "predicted_ssd_reads_per_sample": plan.tiering.ssd_reads_per_sample, "sls_options": sls}
+                       "predicted_ssd_reads_per_sample": plan.tiering.ssd_reads_per_sample, "sls_options": sls,
+                       "dram_table_bytes": plan.tiering.dram_bytes, "engine_dram_bytes": plan.tiering.engine_dram_bytes}
         dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
                                        sharders=[SsdEmbeddingBagCollectionSharder(location, **sls)])
         dram = set(plan.tiering.dram_tables)

@@ -21,7 +21,8 @@ namespace fs = std::filesystem;
 using namespace store_internal;
 
 namespace {
-bool WriterHoldsLock(const std::string& path);  // below
+bool WriterHoldsLock(const std::string& path);               // below
+std::vector<std::string> MetaLogFiles(const std::string& dir);  // below
 
 // Writes the store's marker (magic, this build's format, the page size) atomically: a
 // temporary file renamed over it, the directory synced.
@@ -189,15 +190,28 @@ Status StoreImpl::OpenImpl(const std::string& path) {
     // deletes obsolete ones meanwhile. While a writer holds the LOCK that is a stale snapshot
     // (Store::Open reopens); with none, the files stay put now, so one more open tells a writer
     // that closed meanwhile from a file really missing (then the error stands).
-    Status ms = meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true);
+    const std::string meta_dir = StoreFileName(path, FileKind::kMetaDir);
+    std::vector<std::string> logs_before = MetaLogFiles(meta_dir);
+    Status ms = meta_.Open(meta_dir, false, true);
     for (int i = 0; i < 2 && !ms.ok() && meta_.open_missed_file(); i++) {
       if (WriterHoldsLock(path))
         return Status::Stale("store '" + path + "': a file of its metadata database was gone when this read-only "
                              "open read it, while a writer holds the store's LOCK (its metadata flush or compaction "
                              "retired the file): " + ms.message() + "; reopen");
-      ms = meta_.Open(StoreFileName(path, FileKind::kMetaDir), false, true);
+      logs_before = MetaLogFiles(meta_dir);
+      ms = meta_.Open(meta_dir, false, true);
     }
     RF_RETURN_IF_ERROR(ms);
+    {
+      // RocksDB's open replayed the logs into memory: a log retired since this open began may
+      // have been missed by it (MetaLogFiles), and then the snapshot is not to be trusted.
+      const std::vector<std::string> logs_after = MetaLogFiles(meta_dir);
+      for (const std::string& l : logs_before)
+        if (!std::binary_search(logs_after.begin(), logs_after.end(), l))
+          return Status::Stale("store '" + path + "': a writer moved its metadata log '" + l + "' into a table file "
+                               "while this read-only open read the metadata, which may then lack that log's "
+                               "commits; reopen");
+    }
     pages_path_ = StoreFileName(path, FileKind::kPages);
     if (!fs::exists(pages_path_, ec))  // a writable open creates it with the store
       return Status::Corruption("store '" + path + "': '" + pages_path_ +
@@ -305,6 +319,24 @@ Status StoreImpl::LoadTables(uint32_t* max_pid) {
 }
 
 namespace {
+
+// The metadata database's log files (RocksDB's WAL, "<number>.log"), sorted. RocksDB's
+// read-only open reads the MANIFEST, then replays the logs from the one it names on; a
+// writer's metadata flush (every clean close moves the log into a table file) records the
+// table in the MANIFEST and then deletes the log. Between the open's two reads it sees neither:
+// its snapshot lacks the commits that log held while it has the later log's — a page table
+// with pages missing whose keys reads then silently miss. A log there before the open and gone
+// after it is how that shows (OpenImpl retries the open then).
+std::vector<std::string> MetaLogFiles(const std::string& dir) {
+  std::vector<std::string> logs;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 4 && n.compare(n.size() - 4, 4, ".log") == 0) logs.push_back(n);
+  }
+  std::sort(logs.begin(), logs.end());
+  return logs;
+}
 
 // Whether a writer holds the store's LOCK now (for a read-only handle, which takes no lock: a
 // shared probe that is released at once, on a LOCK it does not create).

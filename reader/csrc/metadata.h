@@ -45,6 +45,9 @@ struct SegMeta {
   // Derived (DRAM only):
   uint32_t valid = 0;        // valid records (current versions and live tombstones)
   uint64_t valid_bytes = 0;  // logical bytes of valid non-tombstone records
+  // Records for every key of [min_key, max_key] and no tombstone: the page table names the
+  // segment's keys (no page read needed to know them).
+  bool gapless() const { return tombs == 0 && count > 0 && max_key - min_key + 1 == count; }
   // On-disk bytes still holding valid records (estimate: length scaled by validity).
   double live_disk_bytes() const { return count ? static_cast<double>(length) * valid / count : 0.0; }
 };

@@ -262,21 +262,18 @@ void DeferCurrentIndexes(const std::vector<CheckpointFeature>& fs, FeatureTable*
     if (!pm.live) continue;
     for (const SegMeta& sm : pm.segs) {
       if (sm.retired || sm.fid >= nfid || !ok[sm.fid]) continue;
-      if (sm.tombs != 0 || sm.valid != sm.count || sm.max_key - sm.min_key + 1 != sm.count) {
+      if (sm.valid != sm.count || !sm.gapless()) {
         ok[sm.fid] = 0;
         continue;
       }
-      if (sm.count) ranges[sm.fid].emplace_back(sm.min_key, sm.max_key);
+      ranges[sm.fid].emplace_back(sm.min_key, sm.max_key);
     }
   }
   for (const CheckpointFeature& f : fs) {
     FeatureState* st = features->Get(f.id);
     if (f.sum.mode == 2 || !ok[f.id] || f.tombs != 0 || st->def.fixed_width() == 0) continue;
     auto& r = ranges[f.id];
-    std::sort(r.begin(), r.end());
-    bool disjoint = true;
-    for (size_t i = 1; i < r.size() && disjoint; i++) disjoint = r[i].first > r[i - 1].second;
-    if (!disjoint) continue;
+    if (!SortedDisjoint(&r)) continue;
     KeyIndex deferred;
     deferred.Defer();
     if (!r.empty()) deferred.AppendDeferred(f.items, r.back().second);
@@ -363,6 +360,5 @@ bool StoreImpl::LoadCheckpoint() {
   if (!o_.accounting) DeferCurrentIndexes(fs, &features_, pages_);  // accounting: no pages to materialize from
   return true;
 }
-
 
 }  // namespace recflash

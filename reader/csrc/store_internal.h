@@ -5,10 +5,12 @@
 #pragma once
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reader/csrc/clock.h"
@@ -44,6 +46,15 @@ inline Status CheckSegmentFits(const SegmentView& sv, uint32_t pid, const std::s
   return Status::Corruption("page " + std::to_string(pid) + " of '" + pages_path + "': the segment of feature '" +
                             def.name + "' does not fit its value type " + def.TypeString() +
                             " (the metadata and the page disagree)");
+}
+
+// Sorts key ranges [first, second] and tells whether they are pairwise disjoint: one of a
+// feature's conditions for a deferred key index (RebuildFromPages, LoadCheckpoint).
+inline bool SortedDisjoint(std::vector<std::pair<uint64_t, uint64_t>>* r) {
+  std::sort(r->begin(), r->end());
+  for (size_t i = 1; i < r->size(); i++)
+    if ((*r)[i].first <= (*r)[i - 1].second) return false;
+  return true;
 }
 
 }  // namespace store_internal

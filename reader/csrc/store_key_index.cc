@@ -178,10 +178,7 @@ Status StoreImpl::RebuildFromPages() {
       FeatureState* f = features_.Get(fid);
       if (!f || !ok[fid] || f->def.fixed_width() == 0) continue;
       auto& r = ranges[fid];
-      std::sort(r.begin(), r.end());
-      bool disjoint = true;
-      for (size_t i = 1; i < r.size() && disjoint; i++) disjoint = r[i].first > r[i - 1].second;
-      if (!disjoint) continue;
+      if (!SortedDisjoint(&r)) continue;
       deferred[fid] = 1;
       f->index.Defer();
       std::vector<std::pair<uint64_t, uint64_t>>().swap(r);

@@ -387,11 +387,11 @@ Status StoreImpl::MaterializeIndexLocked(FeatureState* f) {
   bool implied = w != 0;
   for (size_t i = 0; i < pids.size() && implied; i++)
     for (const SegMeta& sm : pages_.at(pids[i]).segs)
-      if (sm.fid == def.id && !sm.retired && (sm.tombs || sm.max_key - sm.min_key + 1 != sm.count)) implied = false;
+      if (sm.fid == def.id && !sm.retired && !sm.gapless()) implied = false;
   if (implied) {
     for (uint32_t pid : pids)
       for (const SegMeta& sm : pages_.at(pid).segs) {
-        if (sm.fid != def.id || sm.retired || sm.count == 0) continue;
+        if (sm.fid != def.id || sm.retired) continue;
         const size_t begin = keys.size();
         keys.resize(begin + sm.count);
         std::iota(keys.begin() + begin, keys.end(), sm.min_key);

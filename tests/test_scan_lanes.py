@@ -241,6 +241,63 @@ def test_index_changed_before_its_copy(store_path, threads, decoded):
             assert raced["read_requests"] == first + plain["read_requests"], (raced, plain, first)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_index_changed_after_its_snapshot(store_path, threads):
+    """A scan shares its feature's key index (a snapshot) instead of copying it. A writer
+    that updates and flushes the feature while the scan holds the snapshot, its pages not yet
+    placed, changes a copy of the index (copy-on-write): the scan places the state it started
+    from, exactly and without falling back to the chunk merges, and the next scan sees the
+    update. A snapshot changed under its reader would name the update's pages, which the scan
+    does not read: its placement would fail (a fallback) or place wrong values."""
+    rng = np.random.default_rng(25)
+    st, state = _fill(store_path, rng, rounds=4)
+    st.close()
+    with Store.open(store_path, _opts(scan_threads=threads)) as st:
+        _check(st, state, "i")  # the index decoded: the scan below shares it at once
+        before = st.stats()
+        s = state["i"]
+        idx = np.unique(rng.integers(0, len(s.keys), len(s.keys) // 5))
+        newv = rng.integers(-(1 << 40), 1 << 40, len(idx)).astype(np.int64)
+        new_keys = np.setdiff1d(rng.integers(0, 1 << 62, 3000, dtype=np.uint64), s.keys)
+        old_k, old_v = s.expect()
+        out = {}
+
+        def scan():
+            try:
+                out["tab"] = st.scan("i")
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                out["err"] = e
+
+        testing.arm_pause_point("scan.after_index_snapshot")
+        try:
+            t = threading.Thread(target=scan)
+            t.start()
+            assert testing.wait_paused(30), "the scan never took its index snapshot"
+            st.put("i", s.keys[idx], newv)  # updates: locations change in place
+            st.put("i", new_keys, np.arange(len(new_keys), dtype=np.int64))  # inserts: the arrays grow
+            st.delete("i", s.keys[:50])
+            st.flush()
+        finally:
+            testing.release_pause()
+            testing.disarm()
+        t.join(60)
+        assert not t.is_alive()
+        if "err" in out:
+            raise out["err"]
+        got_k, got_v = out["tab"].column("key").to_numpy(), out["tab"].column("value").to_numpy()
+        assert np.array_equal(got_k, old_k) and np.array_equal(got_v, old_v), "the scan saw the later write"
+        assert st.stats()["index_merge_fallbacks"] == before["index_merge_fallbacks"]
+        s.vals[idx] = newv
+        s.live[idx] = True
+        s.live[:50] = False
+        keys = np.concatenate([s.keys, new_keys])
+        order = np.argsort(keys)
+        state["i"] = _State(keys[order], np.concatenate([s.vals, np.arange(len(new_keys), dtype=np.int64)])[order])
+        state["i"].live = np.concatenate([s.live, np.ones(len(new_keys), bool)])[order]
+        _check(st, state, "i")
+        assert st.stats()["index_merge_fallbacks"] == before["index_merge_fallbacks"]
+
+
 def test_close_stops_the_lane_helpers(store_path):
     """The parked lane helpers are threads of the handle: close() stops them, whether or not
     the Store object is still referenced."""

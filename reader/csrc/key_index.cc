@@ -8,42 +8,48 @@
 namespace recflash {
 
 int64_t KeyIndex::Find(uint64_t key) const {
+  const std::vector<uint64_t>& ks = e_->keys;
+  const std::vector<uint32_t>& ls = e_->locs;
   if (dense_) {
-    if (key < base_ || key - base_ >= locs_.size()) return kAbsent;
+    if (key < base_ || key - base_ >= ls.size()) return kAbsent;
     return static_cast<int64_t>(key - base_);
   }
-  auto it = std::lower_bound(keys_.begin(), keys_.end(), key);
-  if (it == keys_.end() || *it != key) return kAbsent;
-  return it - keys_.begin();
+  auto it = std::lower_bound(ks.begin(), ks.end(), key);
+  if (it == ks.end() || *it != key) return kAbsent;
+  return it - ks.begin();
 }
 
 int64_t KeyIndex::FindFrom(uint64_t key, size_t* hint) const {
+  const std::vector<uint64_t>& ks = e_->keys;
+  const std::vector<uint32_t>& ls = e_->locs;
   if (dense_) return Find(key);
   size_t i = *hint;
-  if (i > keys_.size() || (i > 0 && keys_[i - 1] >= key)) i = 0;
+  if (i > ks.size() || (i > 0 && ks[i - 1] >= key)) i = 0;
   // Gallop forward from the hint, then binary search the bracket.
   size_t step = 1, hi = i;
-  while (hi < keys_.size() && keys_[hi] < key) {
+  while (hi < ks.size() && ks[hi] < key) {
     i = hi + 1;
     hi += step;
     step <<= 1;
   }
-  hi = std::min(hi, keys_.size());
-  auto it = std::lower_bound(keys_.begin() + i, keys_.begin() + hi, key);
-  *hint = it - keys_.begin();
-  if (it == keys_.end() || *it != key) return kAbsent;
-  return it - keys_.begin();
+  hi = std::min(hi, ks.size());
+  auto it = std::lower_bound(ks.begin() + i, ks.begin() + hi, key);
+  *hint = it - ks.begin();
+  if (it == ks.end() || *it != key) return kAbsent;
+  return it - ks.begin();
 }
 
 std::pair<size_t, size_t> KeyIndex::Range(uint64_t lo, uint64_t hi) const {
+  const std::vector<uint64_t>& ks = e_->keys;
+  const std::vector<uint32_t>& ls = e_->locs;
   size_t a, z;
   if (dense_) {
-    const uint64_t n = locs_.size();
+    const uint64_t n = ls.size();
     a = lo <= base_ ? 0 : std::min<uint64_t>(lo - base_, n);
     z = hi == UINT64_MAX ? n : (hi <= base_ ? 0 : std::min<uint64_t>(hi - base_, n));
   } else {
-    a = std::lower_bound(keys_.begin(), keys_.end(), lo) - keys_.begin();
-    z = hi == UINT64_MAX ? keys_.size() : std::lower_bound(keys_.begin(), keys_.end(), hi) - keys_.begin();
+    a = std::lower_bound(ks.begin(), ks.end(), lo) - ks.begin();
+    z = hi == UINT64_MAX ? ks.size() : std::lower_bound(ks.begin(), ks.end(), hi) - ks.begin();
   }
   return {a, std::max(a, z)};
 }
@@ -53,18 +59,19 @@ size_t KeyIndex::CountRange(uint64_t lo, uint64_t hi) const {
   return z - a;
 }
 
-void KeyIndex::CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const {
+KeyIndex::Snapshot KeyIndex::Share(uint64_t lo, uint64_t hi) const {
   const auto [a, z] = Range(lo, hi);
-  if (dense_) {
-    keys->resize(z - a);
-    for (size_t i = a; i < z; i++) (*keys)[i - a] = base_ + i;
-  } else {
-    keys->assign(keys_.begin() + a, keys_.begin() + z);  // (resize first zero-filled what the copy overwrote)
-  }
-  locs->assign(locs_.begin() + a, locs_.begin() + z);
+  Snapshot snap;
+  if (dense_ || deferred_) return snap;  // (no key array to share: see Snapshot)
+  snap.hold_ = e_;
+  snap.keys_ = std::span<const uint64_t>(e_->keys).subspan(a, z - a);
+  snap.locs_ = std::span<const uint32_t>(e_->locs).subspan(a, z - a);
+  return snap;
 }
 
 void KeyIndex::AppendLiveKeys(uint64_t lo, uint64_t hi, HVec<uint64_t>* out) const {
+  const std::vector<uint64_t>& ks = e_->keys;
+  const std::vector<uint32_t>& ls = e_->locs;
   const auto [a, z] = Range(lo, hi);
   const size_t base = out->size();
   out->resize(base + (z - a));
@@ -74,12 +81,12 @@ void KeyIndex::AppendLiveKeys(uint64_t lo, uint64_t hi, HVec<uint64_t>* out) con
   if (dense_) {
     for (size_t i = a; i < z; i++) {
       o[w] = base_ + i;
-      w += (locs_[i] & kTomb) == 0;
+      w += (ls[i] & kTomb) == 0;
     }
   } else {
     for (size_t i = a; i < z; i++) {
-      o[w] = keys_[i];
-      w += (locs_[i] & kTomb) == 0;
+      o[w] = ks[i];
+      w += (ls[i] & kTomb) == 0;
     }
   }
   out->resize(base + w);
@@ -87,28 +94,34 @@ void KeyIndex::AppendLiveKeys(uint64_t lo, uint64_t hi, HVec<uint64_t>* out) con
 
 void KeyIndex::Materialize() {
   if (!dense_) return;
-  keys_.resize(locs_.size());
-  for (size_t i = 0; i < locs_.size(); i++) keys_[i] = base_ + i;
+  Entries& own = Own();
+  std::vector<uint64_t>& ks = own.keys;
+  const std::vector<uint32_t>& ls = own.locs;
+  ks.resize(ls.size());
+  for (size_t i = 0; i < ls.size(); i++) ks[i] = base_ + i;
   dense_ = false;
 }
 
 void KeyIndex::InsertNew(const std::vector<uint64_t>& keys, const std::vector<uint32_t>& locs,
                          const std::vector<uint32_t>& lens) {
   if (keys.empty()) return;
+  Entries& own = Own();
+  std::vector<uint64_t>& ks = own.keys;
+  std::vector<uint32_t>& ls = own.locs;
   if (dense_) {
-    if (locs_.empty()) base_ = keys.front();
-    bool extends = keys.front() == base_ + locs_.size();
+    if (ls.empty()) base_ = keys.front();
+    bool extends = keys.front() == base_ + ls.size();
     for (size_t i = 1; i < keys.size() && extends; i++) extends = keys[i] == keys[i - 1] + 1;
     if (extends) {
-      locs_.insert(locs_.end(), locs.begin(), locs.end());
+      ls.insert(ls.end(), locs.begin(), locs.end());
       if (track_lens_) lens_.insert(lens_.end(), lens.begin(), lens.end());
       return;
     }
-    if (keys.back() + 1 == base_ && !locs_.empty()) {
+    if (keys.back() + 1 == base_ && !ls.empty()) {
       bool run = true;
       for (size_t i = 1; i < keys.size() && run; i++) run = keys[i] == keys[i - 1] + 1;
       if (run) {
-        locs_.insert(locs_.begin(), locs.begin(), locs.end());
+        ls.insert(ls.begin(), locs.begin(), locs.end());
         if (track_lens_) lens_.insert(lens_.begin(), lens.begin(), lens.end());
         base_ = keys.front();
         return;
@@ -116,70 +129,73 @@ void KeyIndex::InsertNew(const std::vector<uint64_t>& keys, const std::vector<ui
     }
     Materialize();
   }
-  if (keys_.empty() || keys.front() > keys_.back()) {
+  if (ks.empty() || keys.front() > ks.back()) {
     // Appending past the end (bulk loads, row-number keys with gaps): no merge.
-    keys_.insert(keys_.end(), keys.begin(), keys.end());
-    locs_.insert(locs_.end(), locs.begin(), locs.end());
+    ks.insert(ks.end(), keys.begin(), keys.end());
+    ls.insert(ls.end(), locs.begin(), locs.end());
     if (track_lens_) lens_.insert(lens_.end(), lens.begin(), lens.end());
     return;
   }
   std::vector<uint64_t> k;
   std::vector<uint32_t> l, n;
-  k.reserve(keys_.size() + keys.size());
-  l.reserve(keys_.size() + keys.size());
-  if (track_lens_) n.reserve(keys_.size() + keys.size());
+  k.reserve(ks.size() + keys.size());
+  l.reserve(ks.size() + keys.size());
+  if (track_lens_) n.reserve(ks.size() + keys.size());
   size_t a = 0, b = 0;
-  while (a < keys_.size() || b < keys.size()) {
-    if (b == keys.size() || (a < keys_.size() && keys_[a] < keys[b])) {
-      k.push_back(keys_[a]);
+  while (a < ks.size() || b < keys.size()) {
+    if (b == keys.size() || (a < ks.size() && ks[a] < keys[b])) {
+      k.push_back(ks[a]);
       if (track_lens_) n.push_back(lens_[a]);
-      l.push_back(locs_[a++]);
+      l.push_back(ls[a++]);
     } else {
       k.push_back(keys[b]);
       if (track_lens_) n.push_back(lens[b]);
       l.push_back(locs[b++]);
     }
   }
-  keys_ = std::move(k);
-  locs_ = std::move(l);
+  ks = std::move(k);
+  ls = std::move(l);
   lens_ = std::move(n);
 }
 
 void KeyIndex::Erase(const std::vector<size_t>& positions) {
   if (positions.empty()) return;
+  Entries& own = Own();
+  std::vector<uint64_t>& ks = own.keys;
+  std::vector<uint32_t>& ls = own.locs;
   // Erasing at either end of a dense run keeps it dense.
   if (dense_) {
     bool prefix = true, suffix = true;
     for (size_t i = 0; i < positions.size(); i++) {
       prefix = prefix && positions[i] == i;
-      suffix = suffix && positions[i] == locs_.size() - positions.size() + i;
+      suffix = suffix && positions[i] == ls.size() - positions.size() + i;
     }
     if (prefix) {
-      locs_.erase(locs_.begin(), locs_.begin() + positions.size());
+      ls.erase(ls.begin(), ls.begin() + positions.size());
       if (track_lens_) lens_.erase(lens_.begin(), lens_.begin() + positions.size());
       base_ += positions.size();
       return;
     }
     if (suffix) {
-      locs_.resize(locs_.size() - positions.size());
-      if (track_lens_) lens_.resize(locs_.size());
+      ls.resize(ls.size() - positions.size());
+      if (track_lens_) lens_.resize(ls.size());
       return;
     }
     Materialize();
   }
   size_t w = 0, p = 0;
-  for (size_t i = 0; i < keys_.size(); i++) {
+  for (size_t i = 0; i < ks.size(); i++) {
     if (p < positions.size() && positions[p] == i) {
       p++;
       continue;
     }
-    keys_[w] = keys_[i];
-    locs_[w] = locs_[i];
+    ks[w] = ks[i];
+    ls[w] = ls[i];
     if (track_lens_) lens_[w] = lens_[i];
     w++;
   }
-  keys_.resize(w);
-  locs_.resize(w);
+  ks.resize(w);
+  ls.resize(w);
   if (track_lens_) lens_.resize(w);
 }
 
@@ -220,6 +236,8 @@ bool TakeVec(const char** p, const char* end, size_t n, std::vector<T>* v) {
 // feature's first scan after an open decodes its index, and varints cost ~25 ns per key
 // there (a 70 k-key feature: 1.8 ms), a copy almost nothing.
 void KeyIndex::Serialize(std::string* out) const {
+  const std::vector<uint64_t>& ks = e_->keys;
+  const std::vector<uint32_t>& ls = e_->locs;
   if (deferred_) {
     Put<uint8_t>(out, 2);
     Put<uint8_t>(out, track_lens_ ? 1 : 0);
@@ -231,7 +249,7 @@ void KeyIndex::Serialize(std::string* out) const {
   Put<uint8_t>(out, dense_ ? 1 : 0);
   Put<uint8_t>(out, track_lens_ ? 1 : 0);
   Put<uint64_t>(out, base_);
-  Put<uint64_t>(out, locs_.size());
+  Put<uint64_t>(out, ls.size());
   if (!dense_) {
     std::string deltas;
     auto varint = [&](uint64_t d) {
@@ -242,28 +260,28 @@ void KeyIndex::Serialize(std::string* out) const {
       deltas.push_back(static_cast<char>(d));
     };
     uint64_t prev_end = 0;  // one past the previous run
-    for (size_t i = 0; i < keys_.size();) {
+    for (size_t i = 0; i < ks.size();) {
       size_t j = i + 1;
-      while (j < keys_.size() && keys_[j] == keys_[j - 1] + 1) j++;
-      varint(keys_[i] - prev_end);  // gap before the run
+      while (j < ks.size() && ks[j] == ks[j - 1] + 1) j++;
+      varint(ks[i] - prev_end);  // gap before the run
       varint(j - i);                // run length
-      prev_end = keys_[j - 1] + 1;
+      prev_end = ks[j - 1] + 1;
       i = j;
     }
-    if (deltas.size() >= 7 * keys_.size()) {
+    if (deltas.size() >= 7 * ks.size()) {
       (*out)[mode_at] = 3;
-      out->append(reinterpret_cast<const char*>(keys_.data()), keys_.size() * 8);
+      out->append(reinterpret_cast<const char*>(ks.data()), ks.size() * 8);
     } else {
       Put<uint64_t>(out, deltas.size());
       out->append(deltas);
     }
   }
   std::vector<uint32_t> runs;  // (loc, count) pairs
-  for (size_t i = 0; i < locs_.size(); i++) {
-    if (!runs.empty() && runs[runs.size() - 2] == locs_[i] && runs.back() < UINT32_MAX) {
+  for (size_t i = 0; i < ls.size(); i++) {
+    if (!runs.empty() && runs[runs.size() - 2] == ls[i] && runs.back() < UINT32_MAX) {
       runs.back()++;
     } else {
-      runs.push_back(locs_[i]);
+      runs.push_back(ls[i]);
       runs.push_back(1);
     }
   }
@@ -305,6 +323,9 @@ bool KeyIndex::Skip(const char** p, const char* end, Summary* summary) {
 }
 
 bool KeyIndex::Deserialize(const char** p, const char* end) {
+  e_ = std::make_shared<Entries>();  // (a snapshot keeps the arrays it shares)
+  std::vector<uint64_t>& ks = e_->keys;
+  std::vector<uint32_t>& ls = e_->locs;
   uint8_t dense, track;
   uint64_t n;
   if (!Take(p, end, &dense) || !Take(p, end, &track) || !Take(p, end, &base_) || !Take(p, end, &n) || dense > 3)
@@ -316,20 +337,20 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
     track_lens_ = track != 0;
     base_ = 0;
     dense_ = true;
-    keys_.clear();
-    locs_.clear();
+    ks.clear();
+    ls.clear();
     lens_.clear();
     return true;
   }
   deferred_ = false;
   dense_ = dense == 1;
   track_lens_ = track != 0;
-  keys_.clear();
+  ks.clear();
   lens_.clear();
   if (dense == 3) {
-    if (!TakeVec(p, end, n, &keys_)) return false;
+    if (!TakeVec(p, end, n, &ks)) return false;
     uint64_t out_of_order = 0;  // keys must ascend strictly; one branch-free pass checks it
-    for (size_t i = 1; i < keys_.size(); i++) out_of_order |= keys_[i] <= keys_[i - 1];
+    for (size_t i = 1; i < ks.size(); i++) out_of_order |= ks[i] <= ks[i - 1];
     if (out_of_order) return false;
   }
   if (dense_ && n > 0 && n - 1 > UINT64_MAX - base_) return false;  // the dense run would wrap
@@ -338,8 +359,8 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
     if (!Take(p, end, &nbytes) || static_cast<uint64_t>(end - *p) < nbytes) return false;
     const uint8_t* q = reinterpret_cast<const uint8_t*>(*p);
     const uint8_t* qe = q + nbytes;
-    keys_.resize(n);
-    uint64_t* const kp = keys_.data();
+    ks.resize(n);
+    uint64_t* const kp = ks.data();
     uint64_t at = 0, next = 0;
     bool wrapped = false;  // the last key was UINT64_MAX: nothing may follow
     while (at < n) {
@@ -357,8 +378,8 @@ bool KeyIndex::Deserialize(const char** p, const char* end) {
   // name a page each, so a run is mostly one entry.
   uint64_t nruns;
   if (!Take(p, end, &nruns) || nruns > static_cast<uint64_t>(end - *p) / 8) return false;
-  locs_.resize(n);
-  uint32_t* const lp = locs_.data();
+  ls.resize(n);
+  uint32_t* const lp = ls.data();
   uint64_t at = 0;
   for (uint64_t r = 0; r < nruns; r++, *p += 8) {
     uint32_t loc, cnt;

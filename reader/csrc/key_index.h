@@ -14,8 +14,11 @@
 // to hold 2.4 GB of key index). The store materializes the index (reads the feature's pages)
 // before the first write that is not such an append: an update, a delete, a merge.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,16 +28,43 @@
 namespace recflash {
 
 class KeyIndex {
+ private:
+  // The per-entry arrays, shared with the scans' snapshots (Snapshot) and copied by the
+  // first change made while one is held.
+  struct Entries {
+    std::vector<uint64_t> keys;  // empty while dense (keys are base_ + i)
+    std::vector<uint32_t> locs;
+  };
+
  public:
   static constexpr uint32_t kTomb = 0x80000000u;  // location flag: a tombstone record
   static constexpr int64_t kAbsent = -1;
 
-  size_t size() const { return locs_.size(); }  // 0 while deferred
+  // A scan's view of the entries with lo <= key < hi, keys ascending: where each key's
+  // current version lived when it was taken. It shares the index's arrays instead of copying
+  // them (the copy, 12 bytes per entry on the scan's own thread before its plan could start,
+  // was a tenth of a fragmented feature's scan); a change to the index while a snapshot is
+  // held copies the arrays first (copy-on-write), so a snapshot never changes under its
+  // reader. Snapshots are taken, and the index changed, under the same lock; a snapshot may be
+  // released anywhere. Of an index with a key array only (not dense, not deferred).
+  class Snapshot {
+   public:
+    std::span<const uint64_t> keys() const { return keys_; }
+    std::span<const uint32_t> locs() const { return locs_; }
+
+   private:
+    friend class KeyIndex;
+    std::shared_ptr<const Entries> hold_;
+    std::span<const uint64_t> keys_;
+    std::span<const uint32_t> locs_;
+  };
+
+  size_t size() const { return e_->locs.size(); }  // 0 while deferred
 
   bool deferred() const { return deferred_; }
   // Starts deferring: only for an index that holds nothing yet.
   void Defer() {
-    if (locs_.empty()) deferred_ = true;
+    if (e_->locs.empty()) deferred_ = true;
   }
   // Deferred: records an append of n items whose largest key is max_key.
   void AppendDeferred(uint64_t n, uint64_t max_key) {
@@ -54,16 +84,16 @@ class KeyIndex {
       *k = deferred_max_;
       return deferred_items_ > 0;
     }
-    if (locs_.empty()) return false;
-    *k = key(locs_.size() - 1);
+    if (e_->locs.empty()) return false;
+    *k = key(e_->locs.size() - 1);
     return true;
   }
   int64_t Find(uint64_t key) const;
   // Find for ascending probes: resumes from *hint.
   int64_t FindFrom(uint64_t key, size_t* hint) const;
-  uint64_t key(size_t i) const { return dense_ ? base_ + i : keys_[i]; }
-  uint32_t loc(size_t i) const { return locs_[i]; }
-  void set_loc(size_t i, uint32_t v) { locs_[i] = v; }
+  uint64_t key(size_t i) const { return dense_ ? base_ + i : e_->keys[i]; }
+  uint32_t loc(size_t i) const { return e_->locs[i]; }
+  void set_loc(size_t i, uint32_t v) { Own().locs[i] = v; }
   // Value length of the current version; only tracked for variable-width features.
   void track_lengths(bool on) { track_lens_ = on; }
   uint32_t len(size_t i) const { return track_lens_ ? lens_[i] : 0; }
@@ -73,12 +103,9 @@ class KeyIndex {
   // Inserts keys that are not present yet (ascending, unique).
   void InsertNew(const std::vector<uint64_t>& keys, const std::vector<uint32_t>& locs,
                  const std::vector<uint32_t>& lens);
-  // Copies the entries with lo <= key < hi (hi == UINT64_MAX: no upper bound), keys
-  // ascending: a reader's private snapshot of where each key's current version lives.
-  // Into reused read buffers (HVec): a fresh vector per scan faulted in its memory page by
-  // page, ~100 µs of a 40 k-key scan's time before its reads were even submitted.
-  void CopyRange(uint64_t lo, uint64_t hi, HVec<uint64_t>* keys, HVec<uint32_t>* locs) const;
-  // How many entries CopyRange(lo, hi) copies (two binary searches).
+  // The entries with lo <= key < hi (hi == UINT64_MAX: no upper bound), shared (see Snapshot).
+  Snapshot Share(uint64_t lo, uint64_t hi) const;
+  // How many entries Share(lo, hi) holds (two binary searches).
   size_t CountRange(uint64_t lo, uint64_t hi) const;
   // Appends the keys with lo <= key < hi (hi == UINT64_MAX: no upper bound) whose current
   // version is not a tombstone, ascending: the live keys the pages hold, with no page read
@@ -105,20 +132,27 @@ class KeyIndex {
   };
   // Advances *p past one serialized index without decoding it (false if truncated).
   static bool Skip(const char** p, const char* end, Summary* summary = nullptr);
-  size_t MemoryBytes() const { return keys_.capacity() * 8 + locs_.capacity() * 4 + lens_.capacity() * 4; }
+  size_t MemoryBytes() const { return e_->keys.capacity() * 8 + e_->locs.capacity() * 4 + lens_.capacity() * 4; }
   bool dense() const { return dense_; }
 
  private:
   // The positions [a, z) of the entries with lo <= key < hi.
   std::pair<size_t, size_t> Range(uint64_t lo, uint64_t hi) const;
   void Materialize();
+  // The arrays, to be changed: copied first when a snapshot (or a copy of this index) shares them.
+  Entries& Own() {
+    if (e_.use_count() > 1) e_ = std::make_shared<Entries>(*e_);
+    // A snapshot released on another thread (its count's decrement, a release) happens
+    // before the change that follows.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return *e_;
+  }
   bool deferred_ = false;
   uint64_t deferred_items_ = 0;
   uint64_t deferred_max_ = 0;
   bool dense_ = true;  // keys are base_ + i
   uint64_t base_ = 0;
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> locs_;
+  std::shared_ptr<Entries> e_ = std::make_shared<Entries>();
   bool track_lens_ = false;
   std::vector<uint32_t> lens_;
 };

@@ -166,7 +166,7 @@ std::vector<uint32_t> ChunkOrder(const std::vector<PageChunk>& cs) {
   return order;
 }
 
-bool MergeByIndex(const HVec<uint64_t>& ik, const HVec<uint32_t>& il, const std::vector<PageRef>& refs,
+bool MergeByIndex(std::span<const uint64_t> ik, std::span<const uint32_t> il, const std::vector<PageRef>& refs,
                   MergeSink* sink) {
   const std::vector<PageChunk>& cs = sink->cs;
   const BufferedItems& b = sink->buf;
@@ -262,11 +262,10 @@ void MergeHeap(const std::vector<uint32_t>& order, MergeSink* sink) {
       });
 }
 
-MergeKind MergeChunks(const HVec<uint64_t>* ikeys, const HVec<uint32_t>* ilocs,
-                      const std::vector<PageRef>& refs, MergeSink* sink) {
+MergeKind MergeChunks(const IndexEntries* index, const std::vector<PageRef>& refs, MergeSink* sink) {
   MergeKind kind = MergeKind::kHeap;
-  if (ikeys) {
-    if (MergeByIndex(*ikeys, *ilocs, refs, sink)) return MergeKind::kIndex;
+  if (index) {
+    if (MergeByIndex(index->keys, index->locs, refs, sink)) return MergeKind::kIndex;
     sink->Reset();
     kind = MergeKind::kIndexFallback;
   }
@@ -280,7 +279,7 @@ MergeKind MergeChunks(const HVec<uint64_t>* ikeys, const HVec<uint32_t>* ilocs,
   return kind;
 }
 
-IndexPlanner::IndexPlanner(const HVec<uint64_t>& ik, const HVec<uint32_t>& il,
+IndexPlanner::IndexPlanner(std::span<const uint64_t> ik, std::span<const uint32_t> il,
                            const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
                            IndexPlan* plan, unsigned parts)
     : ik_(ik),
@@ -394,13 +393,13 @@ void IndexPlanner::Finish() {
   plan_->from_disk = from_disk;
 }
 
-LanePlan::LanePlan(const HVec<uint64_t>& ik, const HVec<uint32_t>& il, const std::vector<PageRef>& refs,
+LanePlan::LanePlan(const IndexEntries* index, const std::vector<PageRef>& refs,
                    const BufferedItems& b, uint32_t w, ColumnData* col, IndexPlan* plan, unsigned lanes,
                    std::function<bool()> prepare)
     : lanes_(lanes),
       prepare_(std::move(prepare)),
-      make_planner_([this, &ik, &il, &refs, &b, w, col, plan, lanes] {
-        planner_.emplace(ik, il, refs, b, w, col, plan, lanes);
+      make_planner_([this, index, &refs, &b, w, col, plan, lanes] {
+        planner_.emplace(index->keys, index->locs, refs, b, w, col, plan, lanes);
       }),
       shared_(lanes, 0) {}
 
@@ -443,7 +442,7 @@ bool LanePlan::Planned() {
   return planned_.load() == 1;
 }
 
-bool PlanIndexPlacement(const HVec<uint64_t>& ik, const HVec<uint32_t>& il,
+bool PlanIndexPlacement(std::span<const uint64_t> ik, std::span<const uint32_t> il,
                         const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
                         IndexPlan* plan) {
   IndexPlanner pl(ik, il, refs, b, w, col, plan, 1);

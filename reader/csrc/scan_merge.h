@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -93,11 +94,18 @@ struct MergeSink {
 // Chunks with records, in order of first key (newest seq first on ties).
 std::vector<uint32_t> ChunkOrder(const std::vector<PageChunk>& chunks);
 
-// Index-guided merge over an index copy (keys ascending, locs = page | KeyIndex::kTomb);
+// A scan's view of a feature's key index in its range: keys ascending, each with the
+// location of its current version (page | KeyIndex::kTomb). A KeyIndex::Snapshot's arrays.
+struct IndexEntries {
+  std::span<const uint64_t> keys;
+  std::span<const uint32_t> locs;
+};
+
+// Index-guided merge over an index snapshot (keys ascending, locs = page | KeyIndex::kTomb);
 // scans use it for variable-width values (fixed-width ones take index placement below)
 // whose pages are `refs` (chunk j is page refs[j]). False when index and chunks disagree;
 // the sink is then as the call found it only if the caller Resets it.
-bool MergeByIndex(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs,
+bool MergeByIndex(std::span<const uint64_t> ikeys, std::span<const uint32_t> ilocs,
                   const std::vector<PageRef>& refs, MergeSink* sink);
 // Dense-key scatter over the chunks in `order`; false (nothing done) when the keys are not
 // dense enough for it to pay.
@@ -106,14 +114,13 @@ bool MergeDense(const std::vector<uint32_t>& order, MergeSink* sink);
 void MergeHeap(const std::vector<uint32_t>& order, MergeSink* sink);
 
 enum class MergeKind { kIndex, kIndexFallback, kDense, kHeap };
-// The whole merge of one feature: index copy (when given) -> dense -> heap, then the
+// The whole merge of one feature: index snapshot (when given) -> dense -> heap, then the
 // remaining buffered items. Returns the strategy that produced the output.
-MergeKind MergeChunks(const HVec<uint64_t>* ikeys, const HVec<uint32_t>* ilocs,
-                      const std::vector<PageRef>& refs, MergeSink* sink);
+MergeKind MergeChunks(const IndexEntries* index, const std::vector<PageRef>& refs, MergeSink* sink);
 
 // Index placement: the index merge for fixed-width values done as pages arrive, so it
 // overlaps the reads still in flight and needs no per-page copies. Before the reads, the plan
-// writes every output key (from the index copy and the buffered items) and the buffered
+// writes every output key (from the index snapshot and the buffered items) and the buffered
 // values, sizes the output exactly, and lists per page the output slots of the keys whose
 // current version it holds (ascending). Each arriving page then copies those records' values
 // straight into their slots; a page that disagrees with the index (a record missing, or a
@@ -130,14 +137,14 @@ struct IndexPlan {
   HVec<Slot> slots;  // grouped by ref, ascending within each: one write stream per page
   uint64_t from_disk = 0;       // output items that come from pages
 };
-// Makes the plan in parts that threads may run side by side: the index copy's entries are
+// Makes the plan in parts that threads may run side by side: the index snapshot's entries are
 // split into `parts` ranges (1 when items are buffered in the range: where an entry's output
 // goes then depends on the buffered keys before it). Each part's Refs (which ref each entry
 // names, counted per ref) may run at once; then Size, once all have; then each part's Slots
 // at once. Every output slot and position is written by exactly one part.
 class IndexPlanner {
  public:
-  IndexPlanner(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs,
+  IndexPlanner(std::span<const uint64_t> ikeys, std::span<const uint32_t> ilocs,
                const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
                IndexPlan* plan, unsigned parts);
   unsigned parts() const { return static_cast<unsigned>(bound_.size() - 1); }
@@ -152,8 +159,8 @@ class IndexPlanner {
   void Finish();
 
  private:
-  const HVec<uint64_t>& ik_;
-  const HVec<uint32_t>& il_;
+  const std::span<const uint64_t> ik_;
+  const std::span<const uint32_t> il_;
   const std::vector<PageRef>& refs_;
   const BufferedItems& buf_;
   const uint32_t w_;
@@ -173,11 +180,11 @@ class IndexPlanner {
 // passes, so it returns once every lane has called Share; each lane must therefore call it
 // on every path (also when its reads failed), or the others wait forever.
 // `prepare`, when given, runs first, on lane 0 (the scan's own thread, with its first reads
-// in flight): it fills the index copy the plan reads, or returns false when it cannot (the
-// plan then fails as when index and pages disagree).
+// in flight): it sets `*index`, the snapshot the plan reads, or returns false when it cannot
+// (the plan then fails as when index and pages disagree).
 class LanePlan {
  public:
-  LanePlan(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs, const std::vector<PageRef>& refs,
+  LanePlan(const IndexEntries* index, const std::vector<PageRef>& refs,
            const BufferedItems& buf, uint32_t width, ColumnData* col, IndexPlan* plan, unsigned lanes,
            std::function<bool()> prepare = nullptr);
   // Lane l's share (lane l's thread only; later calls return at once).
@@ -190,7 +197,7 @@ class LanePlan {
   const unsigned lanes_;
   const std::function<bool()> prepare_;
   const std::function<void()> make_planner_;  // the constructor's inputs, bound
-  std::optional<IndexPlanner> planner_;       // made by lane 0 once the index copy is there
+  std::optional<IndexPlanner> planner_;       // made by lane 0 once the index snapshot is there
   std::vector<uint8_t> shared_;  // per lane, written by its own thread only
   std::atomic<int> ready_{0};    // 0: not yet; 1: the planner is made; 2: prepare failed
   std::atomic<unsigned> refs_done_{0};
@@ -201,7 +208,7 @@ class LanePlan {
 };
 // The whole plan on the caller's thread. False when an index location names a page not in
 // `refs` or the index and the pages disagree (col and plan are then unusable).
-bool PlanIndexPlacement(const HVec<uint64_t>& ikeys, const HVec<uint32_t>& ilocs,
+bool PlanIndexPlacement(std::span<const uint64_t> ikeys, std::span<const uint32_t> ilocs,
                         const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
                         IndexPlan* plan);
 // Fills ref j's slots from its page's segment `sv` (width set); `scratch` holds decoded keys.

@@ -105,19 +105,20 @@ void StoreImpl::FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, d
 
 namespace {
 
-// One feature of a scan: its snapshot (buffered items, index copy, pages) and its output plan.
+// One feature of a scan: its snapshot (buffered items, key index, pages) and its output plan.
 struct ScanFeature {
   FeatureDef def;
   BufferedItems buf;
-  // Sparse-key features whose pages overlap (after updates) are resolved through a private
-  // copy of their key index (see MergeByIndex), taken once the first reads are in flight
-  // (copy_indexes in ScanPass); `index_entries` is its size, counted with the snapshot.
+  // Sparse-key features whose pages overlap (after updates) are resolved through a snapshot
+  // of their key index (see MergeByIndex and KeyIndex::Snapshot), taken once the first reads
+  // are in flight (copy_indexes in ScanPass); `index_entries` is its size, counted with the
+  // version.
   bool indexed = false;
   size_t index_entries = 0;
   // The index is still encoded from the checkpoint: copy_indexes decodes it (LoadIndex) first.
   bool decode_pending = false;
-  HVec<uint64_t> ikeys;
-  HVec<uint32_t> ilocs;
+  KeyIndex::Snapshot isnap;
+  IndexEntries ix;  // isnap's arrays
   // Index placement (fixed width, see IndexPlan): the merge done as pages arrive. `placed`
   // is cleared when a page disagrees with the index; the feature is then merged from chunks.
   bool placed = false;
@@ -141,7 +142,7 @@ struct ScanFeature {
   Populator populate;
 };
 
-// Whether the pages of a feature in a version need a merge through the index copy.
+// Whether the pages of a feature in a version need a merge through the key index.
 bool Overlapping(const std::vector<PageRef>& rs) {
   for (size_t j = 0; j < rs.size(); j++)
     if (rs[j].valid != rs[j].count || rs[j].tombs || (j > 0 && rs[j - 1].max_key >= rs[j].min_key)) return true;
@@ -265,7 +266,7 @@ constexpr size_t kLaneMinPages = 8;
 // Index placement of one feature on the scan's thread and the claimed helpers: lane
 // l reads the l-th share of the pages (ascending ids, so each lane's reads stay in file
 // order) on a ring of its own, makes its part of the plan (LanePlan) while its first reads
-// are in flight and places its pages as they arrive. Lane 0 takes the index copy
+// are in flight and places its pages as they arrive. Lane 0 takes the index snapshot
 // (`copy_index`) before the plan. Pages write disjoint output slots, so
 // the lanes share nothing else. A lane's read error stops the others at their next page.
 Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const std::vector<uint32_t>& pids, const PageUsers& users,
@@ -279,7 +280,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
   };
   const unsigned lanes = static_cast<unsigned>(helpers->size()) + 1;
   std::vector<Lane> lane(lanes);
-  LanePlan plan(f->ikeys, f->ilocs, f->refs, f->buf, f->def.fixed_width(), col, &f->plan, lanes, copy_index);
+  LanePlan plan(&f->ix, f->refs, f->buf, f->def.fixed_width(), col, &f->plan, lanes, copy_index);
   std::atomic<bool> stop{false};
   std::atomic<int> origin{-1};  // the lane whose error stopped the others
   auto run = [&](unsigned l, unsigned n) {
@@ -330,7 +331,7 @@ Status StoreImpl::ScanMany(const std::vector<std::string>& names, uint64_t lo, u
   std::vector<size_t> redo;
   RF_RETURN_IF_ERROR(ScanPass(names, lo, hi, true, out, st, &redo));
   if (redo.empty()) return Status::OK();
-  // A page disagreed with the key index copy (see IndexPlan), or a writer changed the index
+  // A page disagreed with the key index snapshot (see IndexPlan), or a writer changed the index
   // before the scan copied it: those features again, merged from page chunks, which resolve
   // versions by seq without trusting the index.
   std::vector<std::string> again;
@@ -438,16 +439,15 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   std::sort(pids.begin(), pids.end());
   if (nf == 1 && fs[0].dense_placed)
     OrderRunsByLowestKey(fs[0], users, PagesPerRead(), &pids);
-  // The index copies, taken once the first reads are in flight rather than before them:
-  // copying a 70 k-entry feature's index took ~160 µs (its reads ~2.5 ms), all of it before
-  // the first read was submitted. They must describe the snapshot v. A writer changes the
+  // The index snapshots, taken once the first reads are in flight rather than before them
+  // (a lazily loaded index is decoded first). They must describe the version v. A writer changes the
   // index under mu_ between setting index_ahead_ and installing the next version, so an
   // unchanged version with index_ahead_ clear means an unchanged index; otherwise the
   // index-placed features are read again by the chunk merges (ScanMany's redo), which
   // resolve versions by seq.
   bool any_indexed = false;
   for (const ScanFeature& f : fs) any_indexed |= f.indexed;
-  int index_copy = any_indexed ? 0 : 1;  // 0: not yet; 1: copied (or none); 2: the index moved past the snapshot
+  int index_copy = any_indexed ? 0 : 1;  // 0: not yet; 1: taken (or none); 2: the index moved past the version
   Status decode_status;                  // a pending index that failed to decode (checked after the reads)
   auto copy_indexes = [&]() -> bool {
     if (index_copy != 0) return index_copy == 1;
@@ -458,20 +458,26 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       if (f && decode_status.ok()) decode_status = LoadIndex(f);  // (none: the copy below finds none either)
     }
     RF_PAUSE_POINT("scan.before_index_copy");
-    MutexLock l(&mu_);
-    versions_.AssertHeld();
-    const bool same = decode_status.ok() && !closed_ && !index_ahead_ && versions_.current()->number == v->number;
-    for (ScanFeature& sf : fs) {
-      if (!sf.indexed) continue;
-      const FeatureState* f = same ? ReaderFeatures().Get(sf.def.id) : nullptr;
-      if (f && !f->index.dense() && !f->index_lazy) {
-        f->index.CopyRange(lo, hi, &sf.ikeys, &sf.ilocs);
-        continue;
+    bool same;
+    {
+      MutexLock l(&mu_);
+      versions_.AssertHeld();
+      same = decode_status.ok() && !closed_ && !index_ahead_ && versions_.current()->number == v->number;
+      for (ScanFeature& sf : fs) {
+        if (!sf.indexed) continue;
+        const FeatureState* f = same ? ReaderFeatures().Get(sf.def.id) : nullptr;
+        if (f && !f->index.dense() && !f->index_lazy) {
+          sf.isnap = f->index.Share(lo, hi);
+          sf.ix = {sf.isnap.keys(), sf.isnap.locs()};
+          continue;
+        }
+        sf.indexed = false;
+        if (sf.placed) sf.planned = sf.place_failed = true;
       }
-      sf.indexed = false;
-      if (sf.placed) sf.planned = sf.place_failed = true;
+      index_copy = same ? 1 : 2;
     }
-    index_copy = same ? 1 : 2;
+    // (A writer that changes the index from here on copies its arrays: the snapshots stay.)
+    RF_PAUSE_POINT("scan.after_index_snapshot");
     return same;
   };
   std::vector<uint64_t> scratch;  // a page's decoded keys (index and dense placement)
@@ -479,7 +485,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     ScanFeature& f = fs[i];
     if (!copy_indexes() && f.planned) return;
     f.planned = true;
-    if (!PlanIndexPlacement(f.ikeys, f.ilocs, f.refs, f.buf, f.def.fixed_width(), &(*out)[i], &f.plan))
+    if (!PlanIndexPlacement(f.ix.keys, f.ix.locs, f.refs, f.buf, f.def.fixed_width(), &(*out)[i], &f.plan))
       f.place_failed = true;
   };
 
@@ -522,7 +528,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     return Status::OK();
   };
   // The index plans are made while the first reads are in flight (one feature per wait), not
-  // behind them: a plan walks the feature's whole index copy, as long as its pages take to read.
+  // behind them: a plan walks the feature's whole index snapshot, as long as its pages take to read.
   size_t next_plan = 0;
   auto idle = [&]() -> Status {
     copy_indexes();
@@ -587,7 +593,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       continue;
     }
     MergeSink sink(&col, w, f.def.element_size(), f.buf, f.chunks);
-    const MergeKind kind = MergeChunks(f.indexed ? &f.ikeys : nullptr, f.indexed ? &f.ilocs : nullptr, f.refs, &sink);
+    const MergeKind kind = MergeChunks(f.indexed ? &f.ix : nullptr, f.refs, &sink);
     if (kind == MergeKind::kIndex) index_merges_++;
     if (kind == MergeKind::kIndexFallback) index_merge_fallbacks_++;
     useful += sink.useful;

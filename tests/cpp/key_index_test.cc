@@ -1,4 +1,4 @@
-// KeyIndex: dense and sparse keys, ascending probes, erase, deferral, checkpoint round trip.
+// KeyIndex: dense and sparse keys, ascending probes, erase, deferral, snapshots, checkpoint round trip.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,12 +53,61 @@ TEST(KeyIndex, SparseInsertFindFromAndErase) {
   EXPECT_EQ(idx.Find(1), KeyIndex::kAbsent);
   EXPECT_EQ(idx.Find(70), KeyIndex::kAbsent);
   EXPECT_EQ(idx.Find(500), 2);
-  HVec<uint64_t> k;
-  HVec<uint32_t> l;
-  idx.CopyRange(6, 9000, &k, &l);
-  EXPECT_EQ(std::vector<uint64_t>(k.begin(), k.end()), (std::vector<uint64_t>{50, 500}));
-  idx.CopyRange(6, UINT64_MAX, &k, &l);
-  EXPECT_EQ(std::vector<uint64_t>(k.begin(), k.end()), (std::vector<uint64_t>{50, 500, 9000}));
+  KeyIndex::Snapshot s = idx.Share(6, 9000);
+  EXPECT_EQ(std::vector<uint64_t>(s.keys().begin(), s.keys().end()), (std::vector<uint64_t>{50, 500}));
+  EXPECT_EQ(s.locs().size(), 2u);
+  s = idx.Share(6, UINT64_MAX);
+  EXPECT_EQ(std::vector<uint64_t>(s.keys().begin(), s.keys().end()), (std::vector<uint64_t>{50, 500, 9000}));
+}
+
+// A snapshot shares the index's arrays and never changes under its reader: every change made
+// while it is held (a location, an insert that merges or appends, an erase, a reload from a
+// checkpoint) goes to a copy; once it is released, changes are made in place again.
+TEST(KeyIndex, SnapshotsAreCopiedOnWriteAndNeverChange) {
+  KeyIndex idx = Build({5, 50, 500}, false);
+  const std::vector<uint64_t> keys = {5, 50, 500};
+  std::vector<uint32_t> locs;
+  for (size_t i = 0; i < keys.size(); i++) locs.push_back(idx.loc(i));
+  auto same = [&](const KeyIndex::Snapshot& s) {
+    return std::vector<uint64_t>(s.keys().begin(), s.keys().end()) == keys &&
+           std::vector<uint32_t>(s.locs().begin(), s.locs().end()) == locs;
+  };
+  {
+    KeyIndex::Snapshot s = idx.Share(0, UINT64_MAX);
+    const uint64_t* shared = s.keys().data();
+    ASSERT_TRUE(same(s));
+    idx.set_loc(1, 77);
+    EXPECT_TRUE(same(s));
+    EXPECT_EQ(idx.loc(1), 77u);
+    KeyIndex::Snapshot s2 = idx.Share(0, UINT64_MAX);
+    EXPECT_NE(s2.keys().data(), shared);  // the change copied the arrays
+    idx.InsertNew({7}, {9}, {});             // a merge into the middle
+    idx.InsertNew({9000}, {10}, {});         // an append
+    idx.Erase({0});
+    EXPECT_TRUE(same(s));
+    EXPECT_EQ(std::vector<uint64_t>(s2.keys().begin(), s2.keys().end()), keys);
+    EXPECT_EQ(s2.locs()[1], 77u);
+    EXPECT_EQ(idx.size(), 4u);
+    EXPECT_EQ(idx.key(0), 7u);
+    EXPECT_EQ(idx.key(3), 9000u);
+    std::string blob;
+    Build({1, 2, 1000}, false).Serialize(&blob);
+    const char* p = blob.data();
+    ASSERT_TRUE(idx.Deserialize(&p, blob.data() + blob.size()));
+    EXPECT_EQ(idx.key(2), 1000u);
+    EXPECT_TRUE(same(s));
+  }
+  // Nothing shares the arrays now: a change is made in place.
+  const uint64_t* before = idx.Share(0, UINT64_MAX).keys().data();
+  idx.set_loc(0, 5);
+  EXPECT_EQ(idx.Share(0, UINT64_MAX).keys().data(), before);
+  // A copy of the index is a value: changing one leaves the other as it was.
+  KeyIndex copy = idx;
+  copy.set_loc(0, 6);
+  EXPECT_EQ(idx.loc(0), 5u);
+  EXPECT_EQ(copy.loc(0), 6u);
+  // A dense index has no key array to share.
+  EXPECT_TRUE(Build({10, 11, 12}, false).Share(0, UINT64_MAX).keys().empty());
 }
 
 TEST(KeyIndex, DeferredTracksOnlyTheLastKey) {

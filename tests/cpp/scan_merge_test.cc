@@ -175,15 +175,16 @@ TEST(ScanMerge, HeapAndDenseAndIndexAgreeWithBruteForce) {
       HVec<uint64_t> ik;
       HVec<uint32_t> il;
       IndexOf(sc.cs, &ik, &il);
+      const IndexEntries ix{ik, il};
       ColumnData col;
       MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
-      EXPECT_EQ(MergeChunks(&ik, &il, Refs(sc.cs), &sink), MergeKind::kIndex);
+      EXPECT_EQ(MergeChunks(&ix, Refs(sc.cs), &sink), MergeKind::kIndex);
       EXPECT_EQ(Output(col), want) << "index";
     }
     {
       ColumnData col;
       MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
-      const MergeKind k = MergeChunks(nullptr, nullptr, Refs(sc.cs), &sink);
+      const MergeKind k = MergeChunks(nullptr, Refs(sc.cs), &sink);
       EXPECT_NE(k, MergeKind::kIndex);
       EXPECT_EQ(Output(col), want) << "merge";
     }
@@ -205,17 +206,19 @@ TEST(ScanMerge, AnIndexThatDisagreesFallsBackWithTheSameOutput) {
   HVec<uint32_t> il;
   IndexOf(sc.cs, &ik, &il);
   il[0] = 555;  // names a page the scan did not read (a writer mid-install)
+  IndexEntries ix{ik, il};
   ColumnData col;
   MergeSink sink(&col, 8, 8, sc.buf, sc.cs);
-  EXPECT_EQ(MergeChunks(&ik, &il, Refs(sc.cs), &sink), MergeKind::kIndexFallback);
+  EXPECT_EQ(MergeChunks(&ix, Refs(sc.cs), &sink), MergeKind::kIndexFallback);
   EXPECT_EQ(Output(col), Expected(sc.cs, sc.buf));
   // An index naming the right page but a key the page lacks also falls back.
   IndexOf(sc.cs, &ik, &il);
   ik.insert(ik.begin(), 0);
   il.insert(il.begin(), 100);
+  ix = {ik, il};
   ColumnData col2;
   MergeSink sink2(&col2, 8, 8, sc.buf, sc.cs);
-  EXPECT_EQ(MergeChunks(&ik, &il, Refs(sc.cs), &sink2), MergeKind::kIndexFallback);
+  EXPECT_EQ(MergeChunks(&ix, Refs(sc.cs), &sink2), MergeKind::kIndexFallback);
   EXPECT_EQ(Output(col2), Expected(sc.cs, sc.buf));
   EXPECT_DOUBLE_EQ(sink2.useful, static_cast<double>(Expected(sc.cs, sc.buf).size()) * 16);
 }
@@ -304,9 +307,11 @@ TEST(ScanMerge, LanePlanOnThreadsEqualsOneThread) {
       IndexPlan plan;
       HVec<uint64_t> copy_k;
       HVec<uint32_t> copy_l;
-      LanePlan lp(copy_k, copy_l, refs, sc.buf, 8, &col, &plan, lanes, [&] {
+      IndexEntries ix;  // set by prepare, as a scan's snapshot is
+      LanePlan lp(&ix, refs, sc.buf, 8, &col, &plan, lanes, [&] {
         copy_k.assign(ik.begin(), ik.end());
         copy_l.assign(il.begin(), il.end());
+        ix = {copy_k, copy_l};
         return true;
       });
       std::vector<std::thread> ts;
@@ -349,7 +354,8 @@ TEST(ScanMerge, LanePlanRefusalReachesEveryLane) {
     il[std::min(bad, il.size() - 1)] = 555;
     ColumnData col;
     IndexPlan plan;
-    LanePlan lp(ik, il, ValidRefs(sc.cs), Buffer({}), 8, &col, &plan, 3);
+    const IndexEntries ix{ik, il};
+    LanePlan lp(&ix, ValidRefs(sc.cs), Buffer({}), 8, &col, &plan, 3);
     std::vector<std::thread> ts;
     for (unsigned l = 1; l < 3; l++) ts.emplace_back([&lp, l] {
       lp.Share(l);
@@ -361,7 +367,7 @@ TEST(ScanMerge, LanePlanRefusalReachesEveryLane) {
   }
 }
 
-// Lane 0's `prepare` cannot take the index copy (a writer moved the index past the scan's
+// Lane 0's `prepare` cannot take the index snapshot (a writer moved the index past the scan's
 // snapshot): the plan fails on every lane, helpers that reach Share first included.
 TEST(ScanMerge, LanePlanPrepareRefusalReachesEveryLane) {
   const Scenario sc = Scenarios()[3];
@@ -371,7 +377,8 @@ TEST(ScanMerge, LanePlanPrepareRefusalReachesEveryLane) {
     ColumnData col;
     IndexPlan plan;
     std::atomic<unsigned> waiting{0};
-    LanePlan lp(ik, il, ValidRefs(sc.cs), sc.buf, 8, &col, &plan, lanes, [&] {
+    const IndexEntries ix{ik, il};
+    LanePlan lp(&ix, ValidRefs(sc.cs), sc.buf, 8, &col, &plan, lanes, [&] {
       while (waiting.load() + 1 < lanes) std::this_thread::yield();  // the helpers are in Share
       return false;
     });
@@ -817,7 +824,7 @@ TEST(ScanMerge, VariableWidthValuesAndOffsets) {
   const BufferedItems none;
   ColumnData col;
   MergeSink sink(&col, 0, 1, none, cs);
-  MergeChunks(nullptr, nullptr, Refs(cs), &sink);
+  MergeChunks(nullptr, Refs(cs), &sink);
   EXPECT_EQ(std::vector<uint64_t>(col.keys.begin(), col.keys.end()), (std::vector<uint64_t>{1, 2, 3, 4}));
   EXPECT_EQ(std::string(col.values.begin(), col.values.end()), "oneTWO!three");
   EXPECT_EQ(col.offsets, (std::vector<int32_t>{0, 3, 7, 12, 12}));

@@ -144,6 +144,53 @@ def test_plan_offload_under_a_budget_sends_low_density_tables_to_ssd():
     assert "At batch 512 the engine issues about" in console.export_text()
 
 
+def test_tier_tables_equals_the_rule_applied_table_by_table():
+    """tier_tables keeps the engine's share of the tables left on SSD as running sums; its tiers
+    equal the rule stated directly (each candidate, densest first, goes to DRAM if its rows plus
+    engine_dram_bytes of every other table still on SSD fit), for many tables with fractional
+    pooling factors, budgets around every crossing and no engine share."""
+    from recflash.torchrec_ext import engine_dram_bytes
+    from recflash.torchrec_ext.planner import TableDemand, tier_tables
+
+    rng = np.random.default_rng(5)
+
+    def demands(n):
+        out = []
+        for i in range(n):
+            rows, dim = int(rng.integers(1_000, 3_000_000)), int(rng.choice([4, 8, 16, 32, 64, 128]))
+            pf = float(rng.choice([0.1, 0.3, 1.0, 2.5, 20.0, 80.0]))
+            out.append(TableDemand(name=f"t{i:03d}", rows=rows, dim=dim, pooling_factor=pf, dram_bytes=4 * rows * dim,
+                                   ssd_row_bytes=512, bandwidth=1000 * pf * 512))
+        return out
+
+    def reference(ds, budget, batch):
+        ssd, used, tiers = list(ds), 0, {}
+        for t in sorted(ds, key=lambda t: (-t.density, t.name)):
+            rest = [x for x in ssd if x is not t]
+            engine = engine_dram_bytes(rest, batch) if batch else 0
+            if used + t.dram_bytes + engine <= budget:
+                tiers[t.name], used, ssd = "dram", used + t.dram_bytes, rest
+            else:
+                tiers[t.name] = "ssd"
+        return tiers
+
+    for n in (2, 7, 60, 300):
+        ds = demands(n)
+        total = sum(t.dram_bytes for t in ds)
+        for batch in (None, 64, 4096):
+            budgets = {int(total * f) for f in (0.001, 0.05, 0.2, 0.5, 0.9, 0.999)}
+            # around a crossing: the exact budget that lets the densest table in, and one byte less
+            dense = sorted(ds, key=lambda t: (-t.density, t.name))[0]
+            edge = dense.dram_bytes + (engine_dram_bytes([t for t in ds if t is not dense], batch) if batch else 0)
+            budgets |= {edge, edge - 1}
+            for b in sorted(budgets):
+                want = reference(ds, b, batch)
+                got = {t.name: t.tier for t in tier_tables(ds, b, batch)}
+                if total <= b:
+                    want = {t.name: "dram" for t in ds}
+                assert got == want, (n, batch, b)
+
+
 def test_plan_offload_budget_pays_for_the_engine_dram_of_ssd_tables():
     from torchrec import EmbeddingBagConfig
 

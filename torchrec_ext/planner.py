@@ -17,6 +17,7 @@ gets a constraint (TorchRec's enumerator would otherwise offer the custom kernel
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import json
 import math
 import os
@@ -118,6 +119,17 @@ def ssd_resident_bytes(rows: int, dim: int, page_size: int = PAGE_SIZE) -> int:
     return math.ceil(rows / per_page) * (4 * (page_size // DEVICE_BLOCK) + BLOCK_SUM_PAGE_BYTES)
 
 
+def _engine_share(t: "TableDemand", batch_size: int) -> tuple:
+    """One SSD table's part of ``engine_dram_bytes``: (its block checksums, one call's rows).
+    Exact (a Fraction of the pooling factor), so sums taken in any order, or kept running by
+    subtraction (``tier_tables``), give the same bytes."""
+    return ssd_resident_bytes(t.rows, t.dim), 2 * 4 * t.dim * batch_size * fractions.Fraction(t.pooling_factor)
+
+
+def _engine_total(resident: int, rows: float, max_gather_bytes: int = MAX_GATHER_BYTES) -> int:
+    return int(READ_BUFFER_BYTES + resident + min(max_gather_bytes, rows))
+
+
 def engine_dram_bytes(ssd: Sequence["TableDemand"], batch_size: int, max_gather_bytes: int = MAX_GATHER_BYTES) -> int:
     """DRAM the SLS engine needs to serve the SSD tables ``ssd`` at ``batch_size``: its read
     buffers, the tables' block checksums (``ssd_resident_bytes``) and one call's rows (the SSD
@@ -125,9 +137,8 @@ def engine_dram_bytes(ssd: Sequence["TableDemand"], batch_size: int, max_gather_
     SSD tables. The engine's caches (``cache_bytes``) come on top."""
     if not ssd:
         return 0
-    rows = sum(2 * 4 * t.dim * batch_size * t.pooling_factor for t in ssd)
-    return int(READ_BUFFER_BYTES + sum(ssd_resident_bytes(t.rows, t.dim) for t in ssd)
-               + min(max_gather_bytes, rows))
+    shares = [_engine_share(t, batch_size) for t in ssd]
+    return _engine_total(sum(r for r, _ in shares), sum(g for _, g in shares), max_gather_bytes)
 
 
 @dataclasses.dataclass
@@ -279,15 +290,18 @@ def tier_tables(demands: Sequence[TableDemand], dram_budget_bytes: int,
         for t in demands:
             t.tier = "dram"
         return list(demands)
-    ssd = list(demands)
+    # The engine's share of the tables still on SSD, kept as running sums (engine_dram_bytes
+    # of the rest, without re-adding every remaining table for each candidate).
+    shares = {id(t): _engine_share(t, engine_batch_size) if engine_batch_size else (0, 0) for t in demands}
+    left, resident, rows = len(demands), sum(r for r, _ in shares.values()), sum(g for _, g in shares.values())
     used = 0
     for t in sorted(demands, key=lambda t: (-t.density, t.name)):
-        rest = [x for x in ssd if x is not t]
-        engine = engine_dram_bytes(rest, engine_batch_size) if engine_batch_size else 0
+        r, g = shares[id(t)]
+        engine = _engine_total(resident - r, rows - g) if engine_batch_size and left > 1 else 0
         if used + t.dram_bytes + engine <= int(dram_budget_bytes):
             t.tier = "dram"
             used += t.dram_bytes
-            ssd = rest
+            left, resident, rows = left - 1, resident - r, rows - g
         else:
             t.tier = "ssd"
     return list(demands)

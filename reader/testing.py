@@ -64,7 +64,8 @@ def kill_point_hits() -> dict[str, int]:
 def arm_pause_point(name: str) -> None:
     """Hold the first thread that reaches pause point `name` until release_pause() (or
     disarm()): a test makes a race happen by changing the store meanwhile. Points:
-    "scan.before_index_copy" (a scan's reads are in flight, its key index copy not taken);
+    "scan.before_index_copy" (a scan's reads are in flight, its key index snapshot not taken);
+    "scan.after_index_snapshot" (the scan holds its key index snapshot, no page placed yet);
     "wal.replay.before_open" (an open listed the WAL files and is about to open one for replay)."""
     _t.arm_pause_point(name)
 

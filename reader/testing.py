@@ -66,6 +66,8 @@ def arm_pause_point(name: str) -> None:
     disarm()): a test makes a race happen by changing the store meanwhile. Points:
     "scan.before_index_copy" (a scan's reads are in flight, its key index snapshot not taken);
     "scan.after_index_snapshot" (the scan holds its key index snapshot, no page placed yet);
+    "meta.read_only.before_log_listing" (a read-only open's RocksDB has read the metadata's
+    MANIFEST and is about to list the logs to replay);
     "wal.replay.before_open" (an open listed the WAL files and is about to open one for replay)."""
     _t.arm_pause_point(name)
 

@@ -256,6 +256,50 @@ def _open_held_before_wal_replay(path, options, change):
     return open_held_at(path, options, "wal.replay.before_open", change)
 
 
+def test_metadata_log_retired_while_a_read_only_open_reads_the_metadata(store_path):
+    """RocksDB's read-only open reads the MANIFEST, then lists the logs to replay. Held between
+    the two (a pause point in the metadata's file system), a writer's open moves the log holding
+    the last session's commits into a table file the MANIFEST already read does not name (RocksDB
+    flushes what it recovers), and deletes the log: that open's metadata lacks those commits, and
+    a scan returned fewer keys with no error. The open sees the log it listed before gone, refuses
+    its snapshot as stale and opens again: the handle holds every committed key. (Before, with
+    the writer's next commit in a later log, the open replayed that commit on top of a state
+    lacking the flushed ones.)"""
+    import glob
+
+    w = Store.open(store_path, _opts())
+    w.create_feature("a", "int64")
+    k0 = np.arange(5000, dtype=np.uint64)
+    w.put("a", k0, k0.astype(np.int64))
+    w.close()
+    w = Store.open(store_path, _opts())
+    k1 = np.arange(5000, 9000, dtype=np.uint64)
+    w.put("a", k1, -k1.astype(np.int64))
+    w.close()  # the pages' commits stay in the metadata's log
+    logs = [f for f in glob.glob(os.path.join(store_path, "meta", "*.log")) if os.path.getsize(f)]
+    assert logs
+    k2 = np.arange(9000, 10000, dtype=np.uint64)
+    writer = {}
+
+    def writer_opens():
+        w = writer["w"] = Store.open(store_path, _opts())  # flushes the log into a table file, deletes it
+        assert not any(os.path.exists(f) for f in logs)
+        w.put("a", k2, k2.astype(np.int64) * 2)
+        w.flush()  # a later commit, in the log the held open will replay
+
+    try:
+        r, _ = open_held_at(store_path, StoreOptions(read_only=True), "meta.read_only.before_log_listing", writer_opens)
+        assert isinstance(r, Store), repr(r)
+        t = r.scan("a")
+        assert np.array_equal(t.column("key").to_numpy(), np.arange(10000, dtype=np.uint64))
+        assert np.array_equal(t.column("value").to_numpy()[5000:9000], -np.arange(5000, 9000))
+        assert np.array_equal(t.column("value").to_numpy()[9000:], 2 * np.arange(9000, 10000))
+        r.close()
+    finally:
+        if "w" in writer:
+            writer["w"].close()
+
+
 def test_wal_file_retired_by_the_writer_during_a_read_only_open(store_path):
     """The writer flushes (committing a new WAL start and deleting the file) while a read-only
     open has listed that file but not opened it yet. The open's snapshot is stale, not damaged:

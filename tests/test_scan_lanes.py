@@ -174,6 +174,34 @@ def test_scan_threads_checked(store_path, bad):
         Store.open(store_path, _opts(scan_threads=bad))
 
 
+def _scan_held_at(st, point, change, what):
+    """st.scan("i") in a thread, held at the engine's pause point `point` while `change()` runs
+    (a writer moving the store on); returns the scan's table and its read stats."""
+    out = {}
+
+    def scan():
+        try:
+            out["tab"] = st.scan("i")
+            out["stats"] = st.last_read_stats()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            out["err"] = e
+
+    testing.arm_pause_point(point)
+    try:
+        t = threading.Thread(target=scan)
+        t.start()
+        assert testing.wait_paused(30), f"the scan never reached {what}"
+        change()
+    finally:
+        testing.release_pause()
+        testing.disarm()
+    t.join(60)
+    assert not t.is_alive()
+    if "err" in out:
+        raise out["err"]
+    return out["tab"], out["stats"]
+
+
 @pytest.mark.parametrize("decoded", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_index_changed_before_its_copy(store_path, threads, decoded):
@@ -194,36 +222,19 @@ def test_index_changed_before_its_copy(store_path, threads, decoded):
         idx = np.unique(rng.integers(0, len(s.keys), len(s.keys) // 5))
         newv = rng.integers(-(1 << 40), 1 << 40, len(idx)).astype(np.int64)
         old_k, old_v = s.expect()
-        out = {}
-
-        def scan():
-            try:
-                out["tab"] = st.scan("i")
-                out["stats"] = st.last_read_stats()
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                out["err"] = e
-
         old_pages = np.unique(st.key_ranges("i")["page"])  # what the raced scan's first pass reads
-        testing.arm_pause_point("scan.before_index_copy")
-        try:
-            t = threading.Thread(target=scan)
-            t.start()
-            assert testing.wait_paused(30), "the scan never reached its index copy"
+
+        def writer():
             st.put("i", s.keys[idx], newv)
             st.flush()
-        finally:
-            testing.release_pause()
-            testing.disarm()
-        t.join(60)
-        assert not t.is_alive()
-        if "err" in out:
-            raise out["err"]
+
+        tab, raced = _scan_held_at(st, "scan.before_index_copy", writer, "the point before its index snapshot")
         after = st.stats()
         assert after["index_merge_fallbacks"] == before["index_merge_fallbacks"] + 1, after
         s.vals[idx] = newv
         s.live[idx] = True
         new_k, new_v = s.expect()
-        got_k, got_v = out["tab"].column("key").to_numpy(), out["tab"].column("value").to_numpy()
+        got_k, got_v = tab.column("key").to_numpy(), tab.column("value").to_numpy()
         assert any(np.array_equal(got_k, k) and np.array_equal(got_v, v)
                    for k, v in ((old_k, old_v), (new_k, new_v))), "the scan mixed two states"
         _check(st, state, "i")
@@ -232,7 +243,6 @@ def test_index_changed_before_its_copy(store_path, threads, decoded):
         # pages, the second the pages a plain scan of the new state reads
         st.scan("i")
         plain = st.last_read_stats()
-        raced = out["stats"]
         assert raced["pages_read"] == len(old_pages) + plain["pages_read"], (raced, plain)
         if threads == 1:  # one ring: a request per run of adjacent pages, at most max_io_bytes each
             per = StoreOptions().max_io_bytes // st.page_size
@@ -260,31 +270,15 @@ def test_index_changed_after_its_snapshot(store_path, threads):
         newv = rng.integers(-(1 << 40), 1 << 40, len(idx)).astype(np.int64)
         new_keys = np.setdiff1d(rng.integers(0, 1 << 62, 3000, dtype=np.uint64), s.keys)
         old_k, old_v = s.expect()
-        out = {}
 
-        def scan():
-            try:
-                out["tab"] = st.scan("i")
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                out["err"] = e
-
-        testing.arm_pause_point("scan.after_index_snapshot")
-        try:
-            t = threading.Thread(target=scan)
-            t.start()
-            assert testing.wait_paused(30), "the scan never took its index snapshot"
+        def writer():
             st.put("i", s.keys[idx], newv)  # updates: locations change in place
             st.put("i", new_keys, np.arange(len(new_keys), dtype=np.int64))  # inserts: the arrays grow
             st.delete("i", s.keys[:50])
             st.flush()
-        finally:
-            testing.release_pause()
-            testing.disarm()
-        t.join(60)
-        assert not t.is_alive()
-        if "err" in out:
-            raise out["err"]
-        got_k, got_v = out["tab"].column("key").to_numpy(), out["tab"].column("value").to_numpy()
+
+        tab, _ = _scan_held_at(st, "scan.after_index_snapshot", writer, "its index snapshot")
+        got_k, got_v = tab.column("key").to_numpy(), tab.column("value").to_numpy()
         assert np.array_equal(got_k, old_k) and np.array_equal(got_v, old_v), "the scan saw the later write"
         assert st.stats()["index_merge_fallbacks"] == before["index_merge_fallbacks"]
         s.vals[idx] = newv

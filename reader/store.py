@@ -169,6 +169,14 @@ class _Feature:
         self.name = name
         self.type = type_str
         _, self.dim = parse_value_type(type_str)
+        self._scan_schema: Optional[pa.Schema] = None
+
+    def scan_schema(self) -> pa.Schema:
+        """The schema of scan()'s table, made once: Table.from_arrays with it is cheaper than
+        pa.table() inferring it from a dict on every scan."""
+        if self._scan_schema is None:
+            self._scan_schema = pa.schema([("key", pa.uint64()), ("value", self.arrow_type())])
+        return self._scan_schema
 
     # -- input -------------------------------------------------------------------------
     def encode(self, values, n: int):
@@ -352,6 +360,9 @@ def _keys(keys, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
+_UINT64 = pa.uint64()
+
+
 def _key_range(key_range: KeyRange) -> Tuple[int, int]:
     """(lo, hi) for the engine, which reads hi == 2**64 - 1 as "no upper bound". A user range
     ending at 2**64 - 1 excludes that key (half-open): see _drop_max."""
@@ -385,15 +396,23 @@ def _drop_max_key(keys: np.ndarray, key_range: KeyRange) -> np.ndarray:
     return keys
 
 
-_SUMMED_STATS = ("pages_read", "read_requests", "bytes_read", "useful_bytes", "items", "seconds", "io_wait_seconds",
-                 "encoded_bytes")
+#: The engine's read statistics, in the order its calls return them (a tuple per read:
+#: the dict is made only when last_read_stats() asks).
+_READ_STATS = ("pages_read", "read_requests", "bytes_read", "useful_bytes", "items", "seconds", "io_wait_seconds",
+               "encoded_bytes")
 
 
-def _sum_stats(stats) -> dict:
-    """The read statistics of several engine reads as one read's (amplifications recomputed)."""
+def _sum_stats(stats) -> tuple:
+    """The read statistics of several engine reads as one read's."""
     if len(stats) == 1:
         return stats[0]
-    out = {k: sum(st[k] for st in stats) for k in _SUMMED_STATS}
+    return tuple(sum(x) for x in zip(*stats))
+
+
+def _read_stats(raw) -> dict:
+    """An engine read's statistics (a tuple in _READ_STATS order) as a dict, with the read
+    amplifications."""
+    out = dict(zip(_READ_STATS, raw))
     out["read_amplification"] = out["bytes_read"] / out["useful_bytes"] if out["useful_bytes"] else 0.0
     out["read_amplification_encoded"] = out["bytes_read"] / out["encoded_bytes"] if out["encoded_bytes"] > 0 else 0.0
     return out
@@ -534,7 +553,8 @@ class Store:
         cols, st = self._s.scan_many([feature], lo, hi)
         self._tls.stats = st
         keys, values, offsets, _ = _drop_max(cols, key_range)[0]
-        return pa.table({"key": _np_array(keys, pa.uint64()), "value": f.decode(values, offsets, len(keys))})
+        return pa.Table.from_arrays([_np_array(keys, _UINT64), f.decode(values, offsets, len(keys))],
+                                    schema=f.scan_schema())
 
     def scan_many(self, features: Sequence[str], key_range: KeyRange = None, *,
                   rows_of: Sequence[str] = ()) -> pa.Table:
@@ -630,13 +650,14 @@ class Store:
         """What a full scan of `feature` would read, from the metadata alone (no I/O):
         pages_read, bytes_read, useful_bytes, encoded_bytes, items. Works in both modes."""
         self._feature(feature)
-        return dict(self._s.account_scan(feature))
+        return _read_stats(self._s.account_scan(feature))
 
     def last_read_stats(self) -> dict:
         """pages_read, bytes_read, useful_bytes, items, seconds, read_amplification of this
         thread's last scan / scan_many / scan_keys / get."""
         self._s.check_open()  # raises StoreClosedError after close()
-        return dict(getattr(self._tls, "stats", {}) or {})
+        raw = getattr(self._tls, "stats", None)
+        return _read_stats(raw) if raw else {}
 
     # -- embedding rows ----------------------------------------------------------------
     def gather_rows(self, feature: str, ids, vector_grained: bool = True,

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <span>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -231,15 +232,45 @@ void PlanPlacements(uint64_t lo, uint64_t hi_incl, LaneHelpers* helpers, std::ve
   }
 }
 
+// The (feature, ref) pairs of a scan that read each of its pages, by page: built once before
+// the reads, looked up per page read. Flat and sorted, not a hash map of vectors: that cost a
+// node and a vector allocation per page of every scan.
+class PageUsers {
+ public:
+  struct User {
+    uint32_t page, feature, ref;
+  };
+  // Feature `feature` reads page `page` as its ref `ref`. Adds come feature by feature, refs
+  // ascending.
+  void Add(uint32_t page, uint32_t feature, uint32_t ref) { u_.push_back({page, feature, ref}); }
+  // After the last Add: the pages read, ascending and distinct.
+  std::vector<uint32_t> Finish() {
+    // Stable: a page's users stay in the order they were added (features, then refs, ascending).
+    std::stable_sort(u_.begin(), u_.end(), [](const User& a, const User& b) { return a.page < b.page; });
+    std::vector<uint32_t> pids;
+    for (const User& x : u_)
+      if (pids.empty() || pids.back() != x.page) pids.push_back(x.page);
+    return pids;
+  }
+  // The users of a page that Finish listed.
+  std::span<const User> of(uint32_t page) const {
+    const auto a = std::lower_bound(u_.begin(), u_.end(), page, [](const User& x, uint32_t p) { return x.page < p; });
+    auto z = a;
+    while (z != u_.end() && z->page == page) ++z;
+    return {a, z};
+  }
+
+ private:
+  std::vector<User> u_;
+};
+
 // Reorders a dense placement's reads (runs of adjacent pages of `pids`, ascending, as
 // ReadPages coalesces them) by the lowest key they hold, so that the sweep writes windows of
 // the output while reads are in flight (in page order, the first window's pages may come
 // last). Runs, not pages: a feature's pages lie in runs written together, and one read per
-// page took twice as long. `users` maps a page to its (feature, ref) pairs.
-void OrderRunsByLowestKey(const ScanFeature& f,
-                          const std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>>& users,
-                          uint32_t per_read, std::vector<uint32_t>* pids) {
-  auto first_of = [&](uint32_t page) { return f.dplan.first[users.at(page).front().second]; };
+// page took twice as long.
+void OrderRunsByLowestKey(const ScanFeature& f, const PageUsers& users, uint32_t per_read, std::vector<uint32_t>* pids) {
+  auto first_of = [&](uint32_t page) { return f.dplan.first[users.of(page).front().ref]; };
   const std::vector<PageRun> runs = CoalescePages(*pids, per_read);
   std::vector<uint64_t> low(runs.size(), UINT64_MAX);
   for (size_t r = 0; r < runs.size(); r++)
@@ -252,7 +283,6 @@ void OrderRunsByLowestKey(const ScanFeature& f,
     for (uint32_t p = runs[r].first; p < runs[r].first + runs[r].count; p++) pids->push_back(p);
 }
 
-using PageUsers = std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>>;  // page -> (feature, ref)
 using LanePageFn = std::function<Status(uint32_t pid, const PageView& page)>;  // StoreImpl::PageFn
 using LaneReadFn =
     std::function<Status(IoRing*, const std::vector<uint32_t>&, const LanePageFn&, const IoRing::IdleFn&)>;
@@ -290,7 +320,8 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
       if (stop.load(std::memory_order_relaxed)) return Status::IOError("scan stopped: another of its threads failed");
       plan.Share(l);
       const bool planned = plan.Planned();
-      for (const auto& [i, j] : users.at(pid)) {
+      for (const PageUsers::User& u : users.of(pid)) {
+        const uint32_t j = u.ref;
         SegmentView sv;
         RF_RETURN_IF_ERROR(segment(pid, pv, *f, j, &sv));
         if (planned && !me.failed && !PlaceIndexed(sv, f->plan, j, col, &me.scratch, &me.encoded)) me.failed = true;
@@ -424,19 +455,16 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
 
   // Pages per feature overlapping [lo, hi); a page shared by several features is read once.
   PageUsers users;
-  std::vector<uint32_t> pids;
   for (size_t i = 0; i < nf; i++) {
     if (lo >= hi && !to_end) continue;
     for (const PageRef& r : v->refs(fs[i].def.id)) {
       if (r.max_key < lo || (!to_end && r.min_key >= hi)) continue;
-      auto& u = users[r.page];
-      if (u.empty()) pids.push_back(r.page);
-      u.emplace_back(static_cast<uint32_t>(i), static_cast<uint32_t>(fs[i].refs.size()));
+      users.Add(r.page, static_cast<uint32_t>(i), static_cast<uint32_t>(fs[i].refs.size()));
       fs[i].refs.push_back(r);
     }
   }
+  std::vector<uint32_t> pids = users.Finish();
   PlanPlacements(lo, to_end ? UINT64_MAX : hi - 1, lane_helpers_.get(), &fs, out);
-  std::sort(pids.begin(), pids.end());
   if (nf == 1 && fs[0].dense_placed)
     OrderRunsByLowestKey(fs[0], users, PagesPerRead(), &pids);
   // The index snapshots, taken once the first reads are in flight rather than before them
@@ -495,7 +523,8 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     return SnapshotSegment(pid, pv, f.refs[j], f.def, false, sv);
   };
   auto cb = [&](uint32_t pid, const PageView& pv) -> Status {
-    for (const auto& [i, j] : users[pid]) {
+    for (const PageUsers::User& u : users.of(pid)) {
+      const uint32_t i = u.feature, j = u.ref;
       ScanFeature& f = fs[i];
       const PageRef& ref = f.refs[j];
       SegmentView sv;

@@ -87,8 +87,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from baselines.common import (PLAN_EXTENT, build_harness, checksum, drop_caches, log, maxrss_mb,  # noqa: E402
-                              plan_header, plan_op, run_page_reader)
+from baselines.common import (PLAN_EXTENT, build_harness, checksum, drop_caches, items_checksum_fn, log,  # noqa: E402
+                              maxrss_mb, plan_header, plan_op, run_page_reader)
 from baselines.lsm import LsmStrategy  # noqa: E402
 from baselines.opt import OptStrategy  # noqa: E402
 from baselines.workload import Workload, WorkloadConfig  # noqa: E402
@@ -486,31 +486,39 @@ def _typed(wl: Workload, vals: np.ndarray):
     return vals.view(np.float32).reshape(len(vals), wl.value_bytes // 4)
 
 
-def _arrow_view(col, dtype) -> np.ndarray:
-    """The values of a column of a primitive type (no nulls) as a numpy view of its buffer."""
+def _arrow_data(col, itemsize: int) -> tuple[int, int]:
+    """(address of the first value, length) of a column of fixed-width values without nulls."""
     arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    dt = np.dtype(dtype)
-    return np.frombuffer(arr.buffers()[1], dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
+    return arr.buffers()[1].address + arr.offset * itemsize, len(arr)
 
 
 def _table_checksum(wl: Workload, tab) -> tuple[int, int]:
-    """Items and checksum of a READER scan's table, as page_reader checks OPT's and LSM's reads.
-    The check runs between timed reads, with the device idle, so it must cost about what
-    page_reader's C++ check costs: tens of microseconds. It took ~2 ms a read through
-    pyarrow's to_numpy(), whose conversions set off Python garbage collections (110 in 175
-    reads), and a pause that long before every READER read (and not before OPT's) made those
-    reads slower on this virtual disk. Numpy views of the Arrow buffers and checksum()'s two
-    reductions take ~70 µs."""
-    keys = _arrow_view(tab.column("key"), np.uint64)
+    """Items and checksum of a READER scan's table, the check page_reader makes of OPT's and
+    LSM's reads after its timer (checksum() in benchmarks/baselines/common.py).
+
+    It runs between two timed reads, with the device idle, so it must cost what page_reader's
+    C++ check costs: this virtual disk serves a read markedly slower after an idle gap. A busy
+    wait between the reads of the compact() store (875 reads, medians of 4 rounds) gave 598 /
+    590 us per read at 0 / 50 us, 699 / 682 / 679 us at 100 / 150 / 300 us and 728 us at 1 ms.
+    The check took 0.28-2.3 ms through pyarrow's to_numpy() (its conversions set off Python
+    garbage collections) and ~140 us through numpy views and reductions; it is now one call of
+    benchmarks/csrc/item_checksum.cc on the Arrow buffers (~12 us for 40 k items; the loop's
+    whole pause between two reads, last_read_stats() and the table's release included, 85 us
+    on the compact() store against 151 us with the numpy check, and its reads 5 % faster)."""
+    fn = items_checksum_fn()
+    kaddr, n = _arrow_data(tab.column("key"), 8)
     col = tab.column("value")
     if wl.value_bytes == 8:
-        vals = _arrow_view(col, np.int64).view(np.uint8).reshape(-1, 8)
+        vaddr, nv = _arrow_data(col, 8)
     else:
         import pyarrow as pa
 
         flat = pa.chunked_array([c.flatten() for c in col.chunks], type=col.type.value_type)
-        vals = _arrow_view(flat, np.float32).view(np.uint8).reshape(-1, wl.value_bytes)
-    return len(keys), checksum(keys, vals)
+        vaddr, nv = _arrow_data(flat, 4)
+        nv //= wl.value_bytes // 4
+    if nv != n:
+        raise RuntimeError(f"scan table with {n} keys and {nv} values")
+    return n, int(fn(kaddr, vaddr, n, wl.value_bytes)) if n else 0
 
 
 def _reader_updates(wl: Workload, st, names, io: bool) -> None:
@@ -621,6 +629,7 @@ class ReaderRunner(Runner):
         # pyarrow initialises itself lazily on the first pa.array() (~0.35 s here): a
         # process-level one-time cost, not the store's, paid before any timed read.
         pa.array(np.zeros(1, np.uint64), type=pa.uint64())
+        items_checksum_fn()  # built (and loaded) before the reads, as page_reader is
         t = time.perf_counter()
         if self.drop:
             self.dropped = drop_caches()

@@ -147,6 +147,26 @@ def build_harness(name: str, libs: list[str] | None = None) -> str:
     return out
 
 
+_ITEMS_CHECKSUM = None
+
+
+def items_checksum_fn():
+    """rf_items_checksum(keys address, values address, n, value stride) -> checksum from
+    benchmarks/csrc/item_checksum.cc (built on first use): the checksum() of items held in
+    native buffers, e.g. an Arrow table's, without any per-item Python or numpy work."""
+    global _ITEMS_CHECKSUM
+    if _ITEMS_CHECKSUM is None:
+        import ctypes
+
+        build_harness("item_checksum")
+        lib = ctypes.CDLL(os.path.join(HARNESS_BUILD_DIR, "libitem_checksum.so"))
+        fn = lib.rf_items_checksum
+        fn.restype = ctypes.c_uint64
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
+        _ITEMS_CHECKSUM = fn
+    return _ITEMS_CHECKSUM
+
+
 def maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

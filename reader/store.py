@@ -66,7 +66,8 @@ class StoreOptions:
     max_io_bytes: int = 256 << 10
     #: Bytes of page reads a scan keeps in flight (at least one read; 0: up to queue_depth
     #: reads): enough to keep the device streaming, so that decoding overlaps the reads
-    #: instead of waiting for a deep queue that completes in one burst.
+    #: instead of waiting for a deep queue that completes in one burst. A scan on several
+    #: threads (scan_threads) splits it between them.
     read_inflight_bytes: int = 768 << 10
     #: Threads that read and place the pages of one large fragmented feature's scan (one
     #: resolved through the key index after updates): the scan's thread plus helpers, each
@@ -399,14 +400,16 @@ def _drop_max_key(keys: np.ndarray, key_range: KeyRange) -> np.ndarray:
 #: The engine's read statistics, in the order its calls return them (a tuple per read:
 #: the dict is made only when last_read_stats() asks).
 _READ_STATS = ("pages_read", "read_requests", "bytes_read", "useful_bytes", "items", "seconds", "io_wait_seconds",
-               "encoded_bytes")
+               "encoded_bytes", "peak_inflight_bytes")
 
 
 def _sum_stats(stats) -> tuple:
-    """The read statistics of several engine reads as one read's."""
+    """The read statistics of several engine reads as one read's (the peak in flight: the
+    largest)."""
     if len(stats) == 1:
         return stats[0]
-    return tuple(sum(x) for x in zip(*stats))
+    cols = list(zip(*stats))
+    return tuple(max(x) if name == "peak_inflight_bytes" else sum(x) for name, x in zip(_READ_STATS, cols))
 
 
 def _read_stats(raw) -> dict:

@@ -104,6 +104,26 @@ def test_lanes_equal_model(store_path, threads):
             assert s["lane_scans"] >= 2 * len(state), s
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_lanes_share_the_scans_inflight_budget(store_path, threads):
+    """read_inflight_bytes is the scan's budget whatever its lane count: each lane reads with
+    its share, so the lanes' peaks add up to at most the budget (each with the whole budget,
+    two lanes had twice as much in flight). Reads of 16 KiB, no larger than a lane's share."""
+    rng = np.random.default_rng(23)
+    st, state = _fill(store_path, rng)
+    st.close()
+    budget = 96 << 10
+    with Store.open(store_path, _opts(scan_threads=threads, max_io_bytes=16 << 10, read_inflight_bytes=budget)) as st:
+        for name in state:
+            before = st.stats()["lane_scans"]
+            _check(st, state, name)
+            rs = st.last_read_stats()
+            assert st.stats()["lane_scans"] - before == (0 if threads == 1 else 1)
+            assert 0 < rs["peak_inflight_bytes"] <= budget, rs
+            # Every lane kept its share in flight at some point (its pages far exceed it).
+            assert rs["peak_inflight_bytes"] >= budget - threads * (16 << 10), rs
+
+
 def test_lanes_with_buffered_items_and_read_only_handle(store_path):
     """Unflushed puts and deletes in the range: the plan runs in one part, the placement in
     lanes. A read-only handle (its index from the checkpoint close wrote) scans in lanes too."""

@@ -44,7 +44,7 @@ namespace {
 // few µs of every scan's fixed cost, and garbage for the collector to walk.
 py::tuple ReadStatsTuple(const ReadStats& st) {
   return py::make_tuple(st.pages_read, st.read_requests, st.bytes_read, st.useful_bytes, st.items, st.seconds,
-                        st.io_wait_seconds, st.encoded_bytes);
+                        st.io_wait_seconds, st.encoded_bytes, st.peak_inflight_bytes);
 }
 
 py::tuple Column(ColumnData&& c, bool variable) {

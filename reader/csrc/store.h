@@ -7,6 +7,7 @@
 // a change to the engine's members, locks or private steps recompiles the engine's own
 // sources and nothing that merely uses a store. Store::Open returns the engine.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,7 +61,8 @@ struct StoreOptions {
   // reads). Enough to keep the device streaming, not more: a deeper queue only delays the
   // first completion, and a virtualised disk measured here completed 32 reads of a scan in
   // one burst, so decoding waited for the last read; with less in flight the completions
-  // came steadily at the same throughput and decoding overlapped the reads.
+  // came steadily at the same throughput and decoding overlapped the reads. A scan on several
+  // threads (scan_threads) splits it between them: the budget is the scan's.
   uint64_t read_inflight_bytes = 768u << 10;
   // Threads that read and place the pages of one large fragmented feature (a scan through
   // the key index): the scan's own thread and scan_threads - 1 helpers, each reading its share
@@ -113,8 +115,13 @@ struct ReadStats {
   // completions (a scan on several threads: the scan's own thread). The rest is the engine's
   // work: planning, checksums, decoding and placing records.
   double io_wait_seconds = 0;
+  // Most bytes of page reads the read had in flight at once (a scan on several threads: the
+  // sum of its threads' peaks, an upper bound). At most read_inflight_bytes, or one read
+  // when a single read (a run of adjacent pages, up to max_io_bytes) is larger.
+  uint64_t peak_inflight_bytes = 0;
 
-  // Another read of the same call (ScanMany's second pass): every field summed.
+  // Another read of the same call (ScanMany's second pass): every field summed, the peak
+  // the larger of the two.
   void Add(const ReadStats& o) {
     pages_read += o.pages_read;
     bytes_read += o.bytes_read;
@@ -124,6 +131,7 @@ struct ReadStats {
     items += o.items;
     seconds += o.seconds;
     io_wait_seconds += o.io_wait_seconds;
+    peak_inflight_bytes = std::max(peak_inflight_bytes, o.peak_inflight_bytes);
   }
 };
 

@@ -253,18 +253,24 @@ class StoreImpl final : public Store {
                          SegmentView* sv);
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
-  // `idle`: see IoRing::ReadRuns.
+  // `idle`: see IoRing::ReadRuns. `inflight_bytes`: the ring's share of the read's budget
+  // (0: all of read_inflight_bytes).
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
-                   const IoRing::IdleFn& idle = nullptr);
+                   const IoRing::IdleFn& idle = nullptr, uint64_t inflight_bytes = 0);
+  // What a read's rings reported: the device wait and the peak bytes in flight (ReadStats).
+  struct ReadIo {
+    double wait_seconds = 0;
+    uint64_t peak_inflight_bytes = 0;
+  };
   // ReadPages on a ring leased from the pool, for the reads of one call (get, scan_keys): a
-  // read failure is explained (ExplainReadFailure) and the ring's device wait added to *io_wait.
+  // read failure is explained (ExplainReadFailure) and the ring's wait and peak go to *io.
   // No pages: nothing is leased.
-  Status ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, double* io_wait);
+  Status ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, ReadIo* io);
   // Pages one device read (a ring slot) holds: max_io_bytes in whole pages, at least one.
   uint32_t PagesPerRead() const { return std::max(1u, o_.max_io_bytes / o_.page_size); }
   // `pids`: the pages read, in read order (their runs are the device reads).
   void FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items, double t0,
-                  double io_wait, ReadStats* st);
+                  const ReadIo& io, ReadStats* st);
   Status CheckOpen();
   Status CheckReadable();
   BlockSums* LoadedBlockSums();  // null when block reads are not verified

@@ -114,8 +114,8 @@ Status StoreImpl::ScanKeys(const std::string& name, uint64_t lo, uint64_t hi, HV
     encoded += static_cast<double>(c.keys.size()) * sv.bytes_per_record();
     return Status::OK();
   };
-  double io_wait = 0;
-  RF_RETURN_IF_ERROR(ReadPagesLeased(pids, cb, &io_wait));
+  ReadIo io;
+  RF_RETURN_IF_ERROR(ReadPagesLeased(pids, cb, &io));
   if (!from_index) MergeKeyChunks(chunks, &disk);
 
   // Buffered writes are newer than any page.
@@ -126,7 +126,7 @@ Status StoreImpl::ScanKeys(const std::string& name, uint64_t lo, uint64_t hi, HV
     OverlayBufferedKeys(disk, bkeys, btomb, out);
     for (uint8_t t : btomb) buffered_live += t == 0;
   }
-  FinishRead(pids, 8 * (out->size() - buffered_live), encoded, out->size(), t0, io_wait, st);
+  FinishRead(pids, 8 * (out->size() - buffered_live), encoded, out->size(), t0, io, st);
   return Status::OK();
 }
 

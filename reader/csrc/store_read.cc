@@ -36,18 +36,19 @@ using namespace store_internal;
 // Read path
 
 
-Status StoreImpl::ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, double* io_wait) {
+Status StoreImpl::ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, ReadIo* io) {
   if (sorted_pids.empty()) return Status::OK();
   RingLease ring(rings_);
   RF_RETURN_IF_ERROR(ring.Acquire());
   Status rs = ReadPages(ring.get(), sorted_pids, fn);
   if (!rs.ok()) return ExplainReadFailure(rs);
-  *io_wait += ring.get()->wait_seconds();
+  io->wait_seconds += ring.get()->wait_seconds();
+  io->peak_inflight_bytes = std::max(io->peak_inflight_bytes, ring.get()->peak_inflight_bytes());
   return Status::OK();
 }
 
 Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
-                            const IoRing::IdleFn& idle) {
+                            const IoRing::IdleFn& idle, uint64_t inflight_bytes) {
   const uint32_t ps = o_.page_size;
   const auto runs = CoalescePages(sorted_pids, ring->slot_bytes() / ps);
   return ring->ReadRuns(file_.fd(), pages_path_, ps, runs, [&](const PageRun& run, const uint8_t* data) -> Status {
@@ -57,7 +58,7 @@ Status StoreImpl::ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pi
       RF_RETURN_IF_ERROR(fn(run.first + k, pv));
     }
     return Status::OK();
-  }, idle, o_.read_inflight_bytes);
+  }, idle, inflight_bytes ? inflight_bytes : o_.read_inflight_bytes);
 }
 
 Status StoreImpl::SnapshotSegment(uint32_t pid, const PageView& pv, const PageRef& ref, const FeatureDef& def,
@@ -86,8 +87,9 @@ Status StoreImpl::SnapshotSegment(uint32_t pid, const PageView& pv, const PageRe
 }
 
 void StoreImpl::FinishRead(const std::vector<uint32_t>& pids, uint64_t useful, double encoded, uint64_t items,
-                           double t0, double io_wait, ReadStats* st) {
-  st->io_wait_seconds = io_wait;
+                           double t0, const ReadIo& io, ReadStats* st) {
+  st->io_wait_seconds = io.wait_seconds;
+  st->peak_inflight_bytes = io.peak_inflight_bytes;
   const uint64_t requests = CoalescePages(pids, PagesPerRead()).size();
   st->pages_read = pids.size();
   st->read_requests = requests;
@@ -301,12 +303,14 @@ constexpr size_t kLaneMinPages = 8;
 // the lanes share nothing else. A lane's read error stops the others at their next page.
 Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const std::vector<uint32_t>& pids, const PageUsers& users,
                          ScanFeature* f, ColumnData* col, const LaneReadFn& read, const SegmentFn& segment,
-                         const std::function<bool()>& copy_index, double* encoded, double* io_wait) {
+                         const std::function<bool()>& copy_index, double* encoded, uint64_t* peak_inflight,
+                         double* io_wait) {
   struct Lane {
     std::vector<uint64_t> scratch;
     double encoded = 0;
     bool failed = false;  // a page disagreed with the index
     Status status;
+    uint64_t peak_inflight = 0;
   };
   const unsigned lanes = static_cast<unsigned>(helpers->size()) + 1;
   std::vector<Lane> lane(lanes);
@@ -335,6 +339,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
         plan.Share(l);
         return Status::OK();
       });
+    if (ring.get()) me.peak_inflight = ring.get()->peak_inflight_bytes();
     if (l == 0 && ring.get()) *io_wait = ring.get()->wait_seconds();
     plan.Share(l);  // on every path: the other lanes wait for it
     if (!me.status.ok()) {
@@ -351,6 +356,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
   for (unsigned l = 0; l < lanes; l++) {
     f->place_failed |= lane[l].failed;
     *encoded += lane[l].encoded;
+    *peak_inflight += lane[l].peak_inflight;
   }
   return origin.load() >= 0 ? lane[origin.load()].status : Status::OK();
 }
@@ -573,14 +579,22 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
                             ? static_cast<unsigned>(std::min<size_t>(o_.scan_threads, pids.size() / kLaneMinPages))
                             : 1;
   LaneHelpers::Claim helpers = lanes > 1 ? lane_helpers_->Acquire(lanes - 1) : LaneHelpers::Claim();
-  double io_wait = 0;
+  ReadIo io;
   if (helpers.size() > 0) {
-    auto read = [this](IoRing* r, const std::vector<uint32_t>& p, const PageFn& fn, const IoRing::IdleFn& idle) {
-      return ReadPages(r, p, fn, idle);
+    // The lanes share the scan's in-flight budget, so a scan keeps read_inflight_bytes in
+    // flight whatever its lane count. Each with the whole budget, a fragmented feature's pages
+    // went out in one burst of twice that, which this disk completed all at once after ~0.9 ms:
+    // placing began only then. Shared, the first half arrives sooner and is placed while the
+    // rest is read (the compaction benchmark's default store: the sum of per-feature median
+    // scan times 2-6 % lower in three runs alternating the two per scan).
+    // (0, no budget, stays 0; a share below one read still reads one at a time.)
+    const uint64_t share = o_.read_inflight_bytes / (helpers.size() + 1);
+    auto read = [this, share](IoRing* r, const std::vector<uint32_t>& p, const PageFn& fn, const IoRing::IdleFn& idle) {
+      return ReadPages(r, p, fn, idle, share);
     };
     lane_scans_++;
     Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
-                                  &encoded, &io_wait);
+                                  &encoded, &io.peak_inflight_bytes, &io.wait_seconds);
     RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);
   } else if (!pids.empty()) {
@@ -589,7 +603,8 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     Status rs = ReadPages(ring.get(), pids, cb, any_indexed ? IoRing::IdleFn(idle) : IoRing::IdleFn());
     RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);
-    io_wait = ring.get()->wait_seconds();
+    io.wait_seconds = ring.get()->wait_seconds();
+    io.peak_inflight_bytes = ring.get()->peak_inflight_bytes();
   }
   copy_indexes();  // (no reads: nothing in the range)
   RF_RETURN_IF_ERROR(decode_status);
@@ -629,7 +644,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     encoded += sink.encoded;
     items += col.keys.size();
   }
-  FinishRead(pids, useful, encoded, items, t0, io_wait, st);
+  FinishRead(pids, useful, encoded, items, t0, io, st);
   return Status::OK();
 }
 
@@ -739,8 +754,8 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
     }
     return Status::OK();
   };
-  double io_wait = 0;
-  RF_RETURN_IF_ERROR(ReadPagesLeased(pids, cb, &io_wait));
+  ReadIo io;
+  RF_RETURN_IF_ERROR(ReadPagesLeased(pids, cb, &io));
   // Output aligned with the request.
   out->keys.assign(keys, keys + n);
   out->found.assign(n, 0);
@@ -763,7 +778,7 @@ Status StoreImpl::Get(const std::string& name, const uint64_t* keys, size_t n, C
     }
     if (!w) out->offsets.push_back(static_cast<int32_t>(out->values.size() / elem));
   }
-  FinishRead(pids, useful, encoded, items, t0, io_wait, st);
+  FinishRead(pids, useful, encoded, items, t0, io, st);
   return Status::OK();
 }
 

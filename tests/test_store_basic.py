@@ -24,7 +24,8 @@ STATS_KEYS = [
     "disk_bytes_per_item", "flushes", "fragmentation", "features", "pinner", "merger",
     "reclaimer",
 ]
-READ_STATS_KEYS = ["pages_read", "read_requests", "io_wait_seconds", "bytes_read", "useful_bytes", "seconds", "read_amplification"]
+READ_STATS_KEYS = ["pages_read", "read_requests", "io_wait_seconds", "bytes_read", "useful_bytes", "seconds", "read_amplification",
+                   "peak_inflight_bytes"]
 
 
 def keys_of(*ks):
@@ -483,6 +484,8 @@ def test_last_read_stats(store_path, opts):
         assert full["seconds"] >= 0
         # the time blocked on the device is part of the read's time
         assert 0 <= full["io_wait_seconds"] <= full["seconds"], full
+        # reads in flight: at least one read, at most the budget (reads no larger than it)
+        assert 0 < full["peak_inflight_bytes"] <= max(opts.read_inflight_bytes, opts.max_io_bytes), full
         assert full["read_amplification"] == pytest.approx(
             full["bytes_read"] / full["useful_bytes"], rel=1e-4)
         # a packed, never-updated feature: little read amplification (it may be < 1 because
@@ -498,6 +501,7 @@ def test_last_read_stats(store_path, opts):
         s.get("n", keys_of(1, 10001, 19999))
         three = s.last_read_stats()
         assert 0 < three["pages_read"] <= 6, three
+        assert 0 < three["peak_inflight_bytes"] <= three["bytes_read"], three
         s.scan("tiny")
         tiny = s.last_read_stats()
         assert tiny["pages_read"] <= 1, tiny

@@ -87,8 +87,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from baselines.common import (PLAN_EXTENT, build_harness, checksum, drop_caches, items_checksum_fn, log,  # noqa: E402
-                              maxrss_mb, plan_header, plan_op, run_page_reader)
+from baselines.common import (PLAN_EXTENT, build_harness, drop_caches, items_checksum_fn, log, maxrss_mb,  # noqa: E402
+                              plan_header, plan_op, run_page_reader)
 from baselines.lsm import LsmStrategy  # noqa: E402
 from baselines.opt import OptStrategy  # noqa: E402
 from baselines.workload import Workload, WorkloadConfig  # noqa: E402
@@ -489,19 +489,20 @@ def _typed(wl: Workload, vals: np.ndarray):
 def _arrow_data(col, itemsize: int) -> tuple[int, int]:
     """(address of the first value, length) of a column of fixed-width values without nulls."""
     arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    return arr.buffers()[1].address + arr.offset * itemsize, len(arr)
+    buf = arr.buffers()[1]  # (None for an empty array of no chunks)
+    return (buf.address + arr.offset * itemsize if buf is not None else 0), len(arr)
 
 
 def _table_checksum(wl: Workload, tab) -> tuple[int, int]:
     """Items and checksum of a READER scan's table, the check page_reader makes of OPT's and
-    LSM's reads after its timer (checksum() in benchmarks/baselines/common.py).
+    LSM's reads after its timer (the sum of item_checksums() in benchmarks/baselines/common.py).
 
     It runs between two timed reads, with the device idle, so it must cost what page_reader's
     C++ check costs: this virtual disk serves a read markedly slower after an idle gap. A busy
     wait between the reads of the compact() store (875 reads, medians of 4 rounds) gave 598 /
     590 us per read at 0 / 50 us, 699 / 682 / 679 us at 100 / 150 / 300 us and 728 us at 1 ms.
     The check took 0.28-2.3 ms through pyarrow's to_numpy() (its conversions set off Python
-    garbage collections) and ~140 us through numpy views and reductions; it is now one call of
+    garbage collections) and ~140 us through numpy views and two reductions; it is now one call of
     benchmarks/csrc/item_checksum.cc on the Arrow buffers (~12 us for 40 k items; the loop's
     whole pause between two reads, last_read_stats() and the table's release included, 85 us
     on the compact() store against 151 us with the numpy check, and its reads 5 % faster)."""
@@ -518,7 +519,7 @@ def _table_checksum(wl: Workload, tab) -> tuple[int, int]:
         nv //= wl.value_bytes // 4
     if nv != n:
         raise RuntimeError(f"scan table with {n} keys and {nv} values")
-    return n, int(fn(kaddr, vaddr, n, wl.value_bytes)) if n else 0
+    return n, int(fn(kaddr, vaddr, n, wl.value_bytes))
 
 
 def _reader_updates(wl: Workload, st, names, io: bool) -> None:

@@ -32,19 +32,6 @@ def item_checksums(keys: np.ndarray, vals: np.ndarray) -> np.ndarray:
         return keys.astype(np.uint64, copy=False) * MIX + v0
 
 
-def checksum(keys: np.ndarray, vals: np.ndarray) -> int:
-    """The sum of item_checksums (mod 2^64), as MIX * sum(keys) + sum(first 8 value bytes):
-    the same number (multiplication distributes mod 2^64) from two reductions and no per-item
-    temporaries, so a check between timed reads keeps the device idle about as briefly as
-    page_reader's C++ check does."""
-    if len(keys) == 0:
-        return 0
-    v0 = np.ascontiguousarray(vals[:, :8]).view(np.uint64).reshape(-1)
-    with np.errstate(over="ignore"):
-        return int(MIX * np.add.reduce(keys.astype(np.uint64, copy=False), dtype=np.uint64)
-                   + np.add.reduce(v0, dtype=np.uint64))
-
-
 class AlignedBuffer:
     """A growable page-aligned buffer (anonymous mmap) usable for O_DIRECT."""
 
@@ -152,8 +139,8 @@ _ITEMS_CHECKSUM = None
 
 def items_checksum_fn():
     """rf_items_checksum(keys address, values address, n, value stride) -> checksum from
-    benchmarks/csrc/item_checksum.cc (built on first use): the checksum() of items held in
-    native buffers, e.g. an Arrow table's, without any per-item Python or numpy work."""
+    benchmarks/csrc/item_checksum.cc (built on first use): the sum of item_checksums() of items
+    held in native buffers, e.g. an Arrow table's, without any per-item Python or numpy work."""
     global _ITEMS_CHECKSUM
     if _ITEMS_CHECKSUM is None:
         import ctypes

@@ -72,6 +72,13 @@
 #include "reader/csrc/store.h"
 namespace recflash {
 
+// What a read's rings reported: the device wait (the scan's own thread) and the peak bytes in
+// flight (the sum over a scan's lanes) — ReadStats' io_wait_seconds and peak_inflight_bytes.
+struct ReadIo {
+  double wait_seconds = 0;
+  uint64_t peak_inflight_bytes = 0;
+};
+
 class StoreImpl final : public Store {
  public:
   ~StoreImpl() override;
@@ -257,11 +264,6 @@ class StoreImpl final : public Store {
   // (0: all of read_inflight_bytes).
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
                    const IoRing::IdleFn& idle = nullptr, uint64_t inflight_bytes = 0);
-  // What a read's rings reported: the device wait and the peak bytes in flight (ReadStats).
-  struct ReadIo {
-    double wait_seconds = 0;
-    uint64_t peak_inflight_bytes = 0;
-  };
   // ReadPages on a ring leased from the pool, for the reads of one call (get, scan_keys): a
   // read failure is explained (ExplainReadFailure) and the ring's wait and peak go to *io.
   // No pages: nothing is leased.

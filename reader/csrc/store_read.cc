@@ -303,8 +303,7 @@ constexpr size_t kLaneMinPages = 8;
 // the lanes share nothing else. A lane's read error stops the others at their next page.
 Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const std::vector<uint32_t>& pids, const PageUsers& users,
                          ScanFeature* f, ColumnData* col, const LaneReadFn& read, const SegmentFn& segment,
-                         const std::function<bool()>& copy_index, double* encoded, uint64_t* peak_inflight,
-                         double* io_wait) {
+                         const std::function<bool()>& copy_index, double* encoded, ReadIo* io) {
   struct Lane {
     std::vector<uint64_t> scratch;
     double encoded = 0;
@@ -340,7 +339,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
         return Status::OK();
       });
     if (ring.get()) me.peak_inflight = ring.get()->peak_inflight_bytes();
-    if (l == 0 && ring.get()) *io_wait = ring.get()->wait_seconds();
+    if (l == 0 && ring.get()) io->wait_seconds = ring.get()->wait_seconds();
     plan.Share(l);  // on every path: the other lanes wait for it
     if (!me.status.ok()) {
       int none = -1;
@@ -356,7 +355,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
   for (unsigned l = 0; l < lanes; l++) {
     f->place_failed |= lane[l].failed;
     *encoded += lane[l].encoded;
-    *peak_inflight += lane[l].peak_inflight;
+    io->peak_inflight_bytes += lane[l].peak_inflight;
   }
   return origin.load() >= 0 ? lane[origin.load()].status : Status::OK();
 }
@@ -594,7 +593,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
     };
     lane_scans_++;
     Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
-                                  &encoded, &io.peak_inflight_bytes, &io.wait_seconds);
+                                  &encoded, &io);
     RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);
   } else if (!pids.empty()) {

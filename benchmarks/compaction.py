@@ -33,7 +33,8 @@ Strategies (rows of the JSON, `config` = "default" for each strategy's default):
                      updated item (counted); "batched-rmw" = one write per dirty page per buffer
                      flush (executed) (benchmarks/baselines/opt.py)
 lsm and opt read through benchmarks/csrc/page_reader.cc (io_uring, O_DIRECT, QD 32, requests
-of <= 256 KiB and at most StoreOptions.read_inflight_bytes in flight, like the engine's scans).
+of <= 256 KiB and on one ring as much in flight as the engine's scans on one lane keep:
+StoreOptions.single_lane_inflight_bytes of read_inflight_bytes).
 
 Metrics per row: read_time_s (sum over the feature reads of the wall time to deliver the
 feature's valid items, keys ascending), read_throughput_MBps (useful bytes / read time,
@@ -268,10 +269,11 @@ class PageFileRunner(Runner):
         self.s.write_plan(self.wl.reads[idx], self.files_txt, self.plan)
         if self.drop:
             self.dropped = drop_caches()
-        # The engine's scans' in-flight budget, so both sides read with the same I/O policy.
+        # What the engine's scans on one lane (one ring, as page_reader) keep in flight, so both
+        # sides read with the same I/O policy.
         from recflash.reader import StoreOptions
 
-        budget = StoreOptions().read_inflight_bytes
+        budget = StoreOptions().single_lane_budget()
         res, info = run_page_reader(self.files_txt, self.plan, out, "--inflight-bytes", str(budget))
         L = self.log
         L.seconds[idx], L.io_seconds[idx] = res["seconds"], res["io_seconds"]

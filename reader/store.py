@@ -69,6 +69,12 @@ class StoreOptions:
     #: instead of waiting for a deep queue that completes in one burst. A scan on several
     #: threads (scan_threads) splits it between them.
     read_inflight_bytes: int = 768 << 10
+    #: Of that budget, what a scan on one thread keeps in flight (a compacted or small
+    #: feature, scan_many, scan_keys, get; 0: all of it). A disk that signals a batch of reads
+    #: only when all of it is done (as the one measured here) gives such a scan, whose
+    #: decoding is cheap, the next window to read while it decodes the last one. On a device
+    #: that completes reads one by one, raise it to read_inflight_bytes.
+    single_lane_inflight_bytes: int = 256 << 10
     #: Threads that read and place the pages of one large fragmented feature's scan (one
     #: resolved through the key index after updates): the scan's thread plus helpers, each
     #: reading and placing its share of the pages. 1: the scan's thread only (many concurrent
@@ -134,6 +140,13 @@ class StoreOptions:
     reclaim_enabled: bool = True
     space_amp_limit: float = 2.0
     space_amp_target: float = 1.6
+
+    def single_lane_budget(self) -> int:
+        """What a scan on one lane keeps in flight, as the engine takes it: the smaller of
+        read_inflight_bytes and single_lane_inflight_bytes (either 0: the other; both: 0, no
+        budget)."""
+        a, b = self.read_inflight_bytes, self.single_lane_inflight_bytes
+        return min(a, b) if a and b else a or b
 
     def _to_native(self) -> dict:
         return dataclasses.asdict(self)

@@ -124,6 +124,36 @@ def test_lanes_share_the_scans_inflight_budget(store_path, threads):
             assert rs["peak_inflight_bytes"] >= budget - threads * (16 << 10), rs
 
 
+@pytest.mark.parametrize("window", [32 << 10, 64 << 10, 0])
+def test_single_lane_scan_keeps_its_window_in_flight(store_path, window):
+    """A scan on one lane (a packed feature, scan_many, scan_keys) keeps
+    single_lane_inflight_bytes of the budget in flight, and no more: the next window is read
+    while the last is decoded. 0: all of read_inflight_bytes. Reads of 16 KiB."""
+    budget = 96 << 10
+    kw = dict(max_io_bytes=16 << 10, read_inflight_bytes=budget, single_lane_inflight_bytes=window)
+    with Store.open(store_path, _opts(**kw)) as st:
+        st.create_feature("p", "int64")
+        keys = np.unique(np.random.default_rng(5).integers(0, 1 << 60, 60_000, dtype=np.uint64))
+        st.put("p", keys, keys.astype(np.int64) * 3)
+        st.flush()
+        want = window or budget
+        assert StoreOptions(**kw).single_lane_budget() == want
+        t = st.scan("p")
+        rs = st.last_read_stats()
+        assert np.array_equal(t.column("value").to_numpy(), keys.astype(np.int64) * 3)
+        assert rs["bytes_read"] > 4 * budget, rs  # many windows' worth of pages
+        assert want - (16 << 10) <= rs["peak_inflight_bytes"] <= want, rs
+        assert st.stats()["lane_scans"] == 0
+        t = st.scan_many(["p"])
+        assert want - (16 << 10) <= st.last_read_stats()["peak_inflight_bytes"] <= want
+        assert np.array_equal(np.asarray(st.scan_keys("p")), keys)
+        assert want - (16 << 10) <= st.last_read_stats()["peak_inflight_bytes"] <= want
+    # larger than the scan's budget: the budget bounds it
+    with Store.open(store_path, _opts(**dict(kw, single_lane_inflight_bytes=4 * budget))) as st:
+        st.scan("p")
+        assert budget - (16 << 10) <= st.last_read_stats()["peak_inflight_bytes"] <= budget
+
+
 def test_lanes_with_buffered_items_and_read_only_handle(store_path):
     """Unflushed puts and deletes in the range: the plan runs in one part, the placement in
     lanes. A read-only handle (its index from the checkpoint close wrote) scans in lanes too."""

@@ -82,9 +82,10 @@ struct Request {
 class Reader {
  public:
   // At most qd requests and (when inflight_bytes > 0) inflight_bytes of them in flight (one
-  // request always may go): the engine's scans keep the same budget (StoreOptions
-  // read_inflight_bytes), since this disk completes a deep queue in one burst and the
-  // delivery work then waits for the last read instead of overlapping the rest.
+  // request always may go): the engine's scans on one lane keep the same budget (StoreOptions
+  // single_lane_inflight_bytes of read_inflight_bytes), since this disk completes a deep queue
+  // in one burst and the delivery work then waits for the last read instead of overlapping
+  // the rest.
   Reader(unsigned qd, uint64_t inflight_bytes) : qd_(qd), inflight_bytes_(inflight_bytes) {
     if (io_uring_queue_init(qd * 2, &ring_, 0) < 0) Die("io_uring_queue_init failed");
   }

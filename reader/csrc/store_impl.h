@@ -261,13 +261,19 @@ class StoreImpl final : public Store {
   // Reads the pages (ascending ids) through the ring, verifying each, and calls fn per page.
   using PageFn = std::function<Status(uint32_t pid, const PageView& page)>;
   // `idle`: see IoRing::ReadRuns. `inflight_bytes`: the ring's share of the read's budget
-  // (0: all of read_inflight_bytes).
+  // (0: all of read_inflight_bytes; a scan on one lane: SingleLaneInflight()).
   Status ReadPages(IoRing* ring, const std::vector<uint32_t>& sorted_pids, const PageFn& fn,
                    const IoRing::IdleFn& idle = nullptr, uint64_t inflight_bytes = 0);
   // ReadPages on a ring leased from the pool, for the reads of one call (get, scan_keys): a
   // read failure is explained (ExplainReadFailure) and the ring's wait and peak go to *io.
   // No pages: nothing is leased.
   Status ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, ReadIo* io);
+  // What a scan on one lane (and get, scan_keys) keeps in flight: single_lane_inflight_bytes of read_inflight_bytes
+  // (either 0: the other; both 0: no budget).
+  uint64_t SingleLaneInflight() const {
+    const uint64_t all = o_.read_inflight_bytes, one = o_.single_lane_inflight_bytes;
+    return all && one ? std::min(all, one) : all ? all : one;
+  }
   // Pages one device read (a ring slot) holds: max_io_bytes in whole pages, at least one.
   uint32_t PagesPerRead() const { return std::max(1u, o_.max_io_bytes / o_.page_size); }
   // `pids`: the pages read, in read order (their runs are the device reads).

@@ -40,7 +40,7 @@ Status StoreImpl::ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, cons
   if (sorted_pids.empty()) return Status::OK();
   RingLease ring(rings_);
   RF_RETURN_IF_ERROR(ring.Acquire());
-  Status rs = ReadPages(ring.get(), sorted_pids, fn);
+  Status rs = ReadPages(ring.get(), sorted_pids, fn, nullptr, SingleLaneInflight());
   if (!rs.ok()) return ExplainReadFailure(rs);
   io->wait_seconds += ring.get()->wait_seconds();
   io->peak_inflight_bytes = std::max(io->peak_inflight_bytes, ring.get()->peak_inflight_bytes());
@@ -599,7 +599,8 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
   } else if (!pids.empty()) {
     RingLease ring(rings_);
     RF_RETURN_IF_ERROR(ring.Acquire());
-    Status rs = ReadPages(ring.get(), pids, cb, any_indexed ? IoRing::IdleFn(idle) : IoRing::IdleFn());
+    Status rs = ReadPages(ring.get(), pids, cb, any_indexed ? IoRing::IdleFn(idle) : IoRing::IdleFn(),
+                          SingleLaneInflight());
     RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);
     io.wait_seconds = ring.get()->wait_seconds();

@@ -6,7 +6,8 @@ read loop or a hung ring spins forever):
   request left in its queue used to hang, its in-flight count wrapped, or deliver another
   call's bytes);
 - ReadRuns keeps at most its byte budget of runs in flight (StoreOptions
-  read_inflight_bytes), still reads a run larger than the budget, and never stalls — also
+  read_inflight_bytes), tapering to 3/4 of what is left near the end, still reads a run
+  larger than the budget, and never stalls — also
   when completions are held back (the reverse completion order keeps completed slots until
   the ring is idle).
 """
@@ -88,6 +89,16 @@ BUDGET_CHILD = textwrap.dedent(
                 assert peak <= max(budget_pages, 4), (budget_pages, peak)
                 if budget_pages >= 5:
                     assert peak > 1, (budget_pages, peak)
+    # The budget tapers to 3/4 of what is left to read, so the last window is small: sixteen
+    # one-page runs under a budget of all sixteen keep at most twelve in flight (and do keep
+    # twelve: the taper does not starve the first window).
+    ones = [(i, 1) for i in range(0, 32, 2)]
+    ring = testing.TestRing(32, 4 * PAGE)  # deep enough for all sixteen
+    got = ring.read_runs(path, PAGE, ones, max_inflight_bytes=16 * PAGE)
+    for (first, count), b in zip(ones, got):
+        assert b == data[first * PAGE:(first + count) * PAGE], first
+    peak = ring.peak_inflight_bytes // PAGE
+    assert peak <= 12 and (order == "reverse" or peak >= 9), peak
     assert not ring.broken
     print("ok")
     '''

@@ -194,21 +194,32 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   size_t next = 0;
   unsigned inflight = 0;
   uint64_t inflight_bytes = 0;  // of the runs submitted and not yet completed
+  uint64_t unissued_bytes = 0;  // of the runs not yet submitted
+  for (const PageRun& r : runs) unissued_bytes += static_cast<uint64_t>(r.count) * page_size;
   Status status;
   const bool reverse = completion_order() == CompletionOrder::kReverse;
   std::vector<unsigned> held;  // kReverse: completed slots not yet delivered
   // The next run may go out: a free slot, and within the byte budget (always when nothing
   // is in flight, so a run larger than the budget still goes and the loop cannot stall).
+  // Near the end the budget tapers to 3/4 of what is left to read (in flight or not), so the
+  // last windows shrink: the decoding of the final one overlaps no read, and it is now a
+  // fraction of the budget. (A lane of a fragmented scan placed its last 384 KiB, ~230 us,
+  // after the device was done.) Measured alternating on the compaction benchmark's default
+  // store: its lane-scanned features 5-9 % faster per pass (1/2: 1 %, 5/8: 5 %, 7/8: 7 %),
+  // packed ones -1 to +3 %.
   auto may_issue = [&]() {
     if (next >= runs.size() || free_slots.empty()) return false;
-    return max_inflight_bytes == 0 || inflight == 0 ||
-           inflight_bytes + static_cast<uint64_t>(runs[next].count) * page_size <= max_inflight_bytes;
+    if (max_inflight_bytes == 0 || inflight == 0) return true;
+    const uint64_t budget = std::min(max_inflight_bytes, (unissued_bytes + inflight_bytes) / 4 * 3);
+    return inflight_bytes + static_cast<uint64_t>(runs[next].count) * page_size <= budget;
   };
   peak_inflight_bytes_ = 0;
   wait_seconds_ = 0;
   auto issue = [&](unsigned s) {
     slot[s] = Pending{next, 0};
-    inflight_bytes += static_cast<uint64_t>(runs[next++].count) * page_size;
+    const uint64_t bytes = static_cast<uint64_t>(runs[next++].count) * page_size;
+    unissued_bytes -= bytes;
+    inflight_bytes += bytes;
     peak_inflight_bytes_ = std::max(peak_inflight_bytes_, inflight_bytes);
   };
 

@@ -107,6 +107,8 @@ class Reader {
     size_t next = 0, done = 0;
     unsigned inflight = 0;
     uint64_t bytes = 0;  // in flight
+    uint64_t unqueued = 0;  // bytes of the requests not yet queued
+    for (const Request& r : reqs) unqueued += r.len;
     auto queue = [&] {  // the next request into the submission queue
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (!sqe) return false;
@@ -117,12 +119,15 @@ class Reader {
       next++;
       inflight++;
       bytes += r.len;
+      unqueued -= r.len;
       return true;
     };
-    // Queues requests up to qd_ (and the byte budget) in flight.
+    // Queues requests up to qd_ (and the byte budget) in flight. As the engine does, the
+    // budget tapers to 3/4 of what is left to read near the end, so the last window is small.
     auto fill = [&] {
       while (inflight < qd_ && next < reqs.size() &&
-             (inflight_bytes_ == 0 || inflight == 0 || bytes + reqs[next].len <= inflight_bytes_))
+             (inflight_bytes_ == 0 || inflight == 0 ||
+              bytes + reqs[next].len <= std::min(inflight_bytes_, (unqueued + bytes) / 4 * 3)))
         if (!queue()) break;
     };
     // As the engine does (IoRing::ReadRuns): the first request of a batch of three or more goes

@@ -66,8 +66,9 @@ class StoreOptions:
     max_io_bytes: int = 256 << 10
     #: Bytes of page reads a scan keeps in flight (at least one read; 0: up to queue_depth
     #: reads): enough to keep the device streaming, so that decoding overlaps the reads
-    #: instead of waiting for a deep queue that completes in one burst. A scan on several
-    #: threads (scan_threads) splits it between them.
+    #: instead of waiting for a deep queue that completes in one burst. Near the end at most
+    #: 3/4 of what is left to read goes out, so the last window, decoded after the device is
+    #: done, is small. A scan on several threads (scan_threads) splits it between them.
     read_inflight_bytes: int = 768 << 10
     #: Of that budget, what a scan on one thread keeps in flight (a compacted or small
     #: feature, scan_many, scan_keys, get; 0: all of it). A disk that signals a batch of reads

@@ -74,8 +74,8 @@ struct StoreOptions {
   // 15.9 ms. (Since ReadRuns tapers the budget near the end, the taper alone gets most of
   // that on the compact() store; large packed features still gain, 62.7 vs 67.6 ms for a pass
   // over the scan benchmark's compacted store.) A scan on several lanes is CPU-bound
-  // placement and shares the whole budget.
-  // On a device that completes reads one by one, raise it to read_inflight_bytes.
+  // placement and shares the whole budget. On a device that completes reads one by one,
+  // raise it to read_inflight_bytes.
   uint64_t single_lane_inflight_bytes = 256u << 10;
   // Threads that read and place the pages of one large fragmented feature (a scan through
   // the key index): the scan's own thread and scan_threads - 1 helpers, each reading its share

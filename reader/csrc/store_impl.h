@@ -268,8 +268,8 @@ class StoreImpl final : public Store {
   // read failure is explained (ExplainReadFailure) and the ring's wait and peak go to *io.
   // No pages: nothing is leased.
   Status ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, ReadIo* io);
-  // What a scan on one lane (and get, scan_keys) keeps in flight: single_lane_inflight_bytes of read_inflight_bytes
-  // (either 0: the other; both 0: no budget).
+  // What a scan on one lane (and get, scan_keys) keeps in flight: single_lane_inflight_bytes
+  // of read_inflight_bytes (either 0: the other; both 0: no budget).
   uint64_t SingleLaneInflight() const {
     const uint64_t all = o_.read_inflight_bytes, one = o_.single_lane_inflight_bytes;
     return all && one ? std::min(all, one) : all ? all : one;

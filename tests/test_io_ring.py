@@ -90,8 +90,9 @@ BUDGET_CHILD = textwrap.dedent(
                 if budget_pages >= 5:
                     assert peak > 1, (budget_pages, peak)
     # The budget tapers to 3/4 of what is left to read, so the last window is small: sixteen
-    # one-page runs under a budget of all sixteen keep at most twelve in flight (and do keep
-    # twelve: the taper does not starve the first window).
+    # one-page runs under a budget of all sixteen keep at most twelve in flight, and in arrival
+    # order at least nine (the first window is not starved; completions may come back while
+    # it is still being queued).
     ones = [(i, 1) for i in range(0, 32, 2)]
     ring = testing.TestRing(32, 4 * PAGE)  # deep enough for all sixteen
     got = ring.read_runs(path, PAGE, ones, max_inflight_bytes=16 * PAGE)

@@ -145,6 +145,7 @@ def test_single_lane_scan_keeps_its_window_in_flight(store_path, window):
         assert want - (16 << 10) <= rs["peak_inflight_bytes"] <= want, rs
         assert st.stats()["lane_scans"] == 0
         t = st.scan_many(["p"])
+        assert np.array_equal(t.column("key").to_numpy(), keys)
         assert want - (16 << 10) <= st.last_read_stats()["peak_inflight_bytes"] <= want
         assert np.array_equal(np.asarray(st.scan_keys("p")), keys)
         assert want - (16 << 10) <= st.last_read_stats()["peak_inflight_bytes"] <= want

@@ -91,12 +91,14 @@ class StoreOptions:
     #: block; a packed page without sums is read whole once). False: such reads are unverified.
     verify_block_reads: bool = True
     #: A WAL record that fails its checksum with later records after it (damage, not the torn
-    #: last append of a crash, which just ends replay), a WAL file missing between two others
-    #: or an empty one before the last: "tolerate_torn_tail" fails the open with
+    #: last append of a crash, which just ends replay), a WAL file missing between two others,
+    #: an empty one before the last, or the newest files missing (the metadata records the
+    #: newest file a session logged to): "tolerate_torn_tail" fails the open with
     #: CorruptionError naming the file (and byte); "point_in_time" opens the store as of the
     #: record (or file) before it, replaying nothing logged after it
     #: (stats()["wal_bytes_dropped"]); a writable point_in_time open deletes the later WAL
-    #: files and cuts the damaged one before it logs anything (a read-only one changes nothing).
+    #: files and cuts the damaged one before it logs anything, and records the files it kept
+    #: as the newest (a read-only one changes nothing).
     wal_recovery: str = "tolerate_torn_tail"
     #: Rec-aware pinner: keep small per-feature batches in DRAM across flushes.
     pinner_enabled: bool = True

@@ -115,7 +115,9 @@ def test_sessions_that_write_nothing_reuse_the_empty_last_file(store_path):
         Store.open(store_path, _opts()).close()
         assert _wal_files(store_path) == {6: 0}
     state = _state_record(store_path)
-    assert len(state) == 38 and state[-2:] == b"\x01\x01", state  # wal_start_kept, wal_files_consecutive
+    # wal_start_kept, wal_files_consecutive, then wal_last: file 6, the newest a session logged to
+    assert len(state) == 46 and state[36:38] == b"\x01\x01", state
+    assert int.from_bytes(state[38:], "little") == 6, state
 
 
 def test_bulk_load_sessions_keep_the_files_consecutive(store_path):
@@ -242,18 +244,103 @@ def test_state_record_of_an_older_version_opens_a_store_with_a_gap_as_before(sto
     _three_wal_files(store_path)
     os.unlink(_wal(store_path, 3))
     state = _state_record(store_path)
-    assert len(state) == 38 and state[-1:] == b"\x01", state
-    testing._t.meta_put(os.path.join(store_path, "meta"), 2, 0, state[:-1])
+    assert len(state) == 46 and state[37:38] == b"\x01", state
+    testing._t.meta_put(os.path.join(store_path, "meta"), 2, 0, state[:37])  # without the later fields
     with Store.open(store_path, _opts(read_only=True)) as s:
         assert _x(s) == [1] * 10 + [0] * 10 + [3] * 10  # as before: put1 silently gone
     _session(store_path, "feature")  # commits (create_feature), then crashes
     state = _state_record(store_path)
-    assert len(state) == 38 and state[-1:] == b"\x00", state
+    assert len(state) == 46 and state[37:38] == b"\x00", state
     assert sorted(_wal_files(store_path)) == [2, 4, 5]
     with Store.open(store_path, _opts()) as s:
         assert _x(s) == [1] * 10 + [0] * 10 + [3] * 10
     assert _wal_files(store_path) == {5: 0}  # close's flush: 5 is the first file now
-    assert _state_record(store_path)[-1:] == b"\x01"
+    assert _state_record(store_path)[37:38] == b"\x01"
+
+
+# -- the newest files --------------------------------------------------------------------------
+def _wal_last(path):
+    return int.from_bytes(_state_record(path)[38:46], "little")
+
+
+def test_each_session_records_its_file_before_it_logs_there(store_path):
+    """put0 logs to 2 (the first file, reused), put1 and put2 to the files their opens made: each
+    committed its file as the newest before its record went in. A session that writes nothing
+    records nothing (its open commits nothing, so it opens on a full disk too)."""
+    _three_wal_files(store_path)
+    assert _wal_last(store_path) == 4
+    _session(store_path, "nothing")  # makes 5, logs nothing there
+    assert sorted(_wal_files(store_path)) == [2, 3, 4, 5] and _wal_last(store_path) == 4
+
+
+@pytest.mark.parametrize("gone", [[4], [3, 4]], ids=["newest", "two-newest"])
+def test_newest_wal_files_deleted_fail_the_open(store_path, gone):
+    """Before, nothing after the newest files said they existed: deleting them (put2's synced
+    record, or put1's and put2's) opened the store without a word and without those writes."""
+    _three_wal_files(store_path)
+    for n in gone:
+        os.unlink(_wal(store_path, n))
+    what = (f"WAL file '{_wal(store_path, 4)}' is missing" if gone == [4] else
+            f"WAL files '{_wal(store_path, 3)}' to '{_wal(store_path, 4)}' are missing")
+    for msg in _refused(store_path):
+        assert what in msg, msg
+        assert f"records '{_wal(store_path, 4)}' as the newest file a session logged to" in msg, msg
+        assert f"the last one there is '{_wal(store_path, min(gone) - 1)}'" in msg, msg
+        assert "synced writes" in msg and "point_in_time" in msg, msg
+
+
+@pytest.mark.parametrize("gone", [[4], [3, 4]], ids=["newest", "two-newest"])
+def test_point_in_time_opens_as_of_the_files_left_and_records_them(store_path, gone):
+    """point_in_time opens as of the files that are there. A writable open records its own file
+    as the newest before it logs anything (at the open when that file is older than the one on
+    record), so neither a crash before its first write nor one after it leaves a store that the
+    next default open refuses."""
+    _three_wal_files(store_path)
+    for n in gone:
+        os.unlink(_wal(store_path, n))
+    kept = [1] * 10 + ([2] * 10 if gone == [4] else [0] * 10) + [0] * 10
+    with Store.open(store_path, _opts(read_only=True, wal_recovery="point_in_time")) as s:
+        assert _x(s) == kept
+    assert _wal_last(store_path) == 4  # a read-only open changes nothing
+    _session(store_path, "nothing", recovery="point_in_time")  # crashes before any write
+    first_free = min(gone)
+    assert sorted(_wal_files(store_path)) == list(range(2, first_free + 1))
+    assert _wal_last(store_path) == first_free
+    with Store.open(store_path, _opts(read_only=True)) as s:  # the default recovery accepts it now
+        assert _x(s) == kept
+    st = _session(store_path, "put5", recovery="point_in_time")  # logs to first_free, crashes
+    assert st["wal_bytes_dropped"] == 0, st
+    with Store.open(store_path, _opts()) as s:
+        assert _x(s) == kept
+        assert s.get("x", np.arange(50, 60, dtype=U64)).to_pylist() == [6] * 10
+
+
+def test_recording_the_newest_file_keeps_the_checkpoint(store_path):
+    """The commit that records a session's file leaves pages and sequence as they are, so the
+    checkpoint of the last clean close stays valid: a session that writes and crashes before
+    its first flush does not cost the next open a rebuild from the pages."""
+    _session(store_path, "create")
+    Store.open(store_path, _opts()).close()  # a clean close writes the checkpoint
+    assert os.path.exists(os.path.join(store_path, "CHECKPOINT"))
+    _session(store_path, "put0")  # records its file, logs, crashes
+    assert _wal_last(store_path) > 0
+    with Store.open(store_path, _opts()) as s:
+        assert s.stats()["opened_from_checkpoint"] == 1
+        assert _x(s, 10) == [1] * 10
+
+
+def test_newest_file_missing_while_a_writer_holds_the_lock_is_stale_for_a_read_only_open(store_path):
+    _three_wal_files(store_path)
+    w = Store.open(store_path, _opts())  # replayed 2..4, logs to 5
+    try:
+        w.put("x", np.arange(5, dtype=U64), np.full(5, 8, np.int64))
+        w.sync()  # 5 recorded as the newest, then the record
+        os.unlink(_wal(store_path, 5))
+        with pytest.raises(StaleSnapshotError) as e:
+            Store.open(store_path, _opts(read_only=True))
+        assert _wal(store_path, 5) in str(e.value) and "LOCK" in str(e.value), str(e.value)
+    finally:
+        w.close()
 
 
 # -- read-only opens and a writer ----------------------------------------------------------------

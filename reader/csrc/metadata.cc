@@ -330,6 +330,7 @@ void MetaStore::PutState(rocksdb::WriteBatch* b, const PersistentState& st) {
   PutRaw<uint64_t>(&v, st.pages_written);
   PutRaw<uint8_t>(&v, st.wal_start_kept ? 1 : 0);
   PutRaw<uint8_t>(&v, st.wal_files_consecutive ? 1 : 0);
+  PutRaw<uint64_t>(&v, st.wal_last);
   b->Put("S", v);
 }
 
@@ -440,6 +441,9 @@ Status MetaStore::LoadState(PersistentState* st, bool* found) {
   if (pos < v.size() && !GetRaw(v, &pos, &consecutive))
     return Status::Corruption("state record in '" + dir_ + "' is truncated");
   st->wal_files_consecutive = consecutive != 0;
+  // Added after wal_files_consecutive: a record without it names no newest file (0).
+  if (pos < v.size() && !GetRaw(v, &pos, &st->wal_last))
+    return Status::Corruption("state record in '" + dir_ + "' is truncated");
   return Status::OK();
 }
 

@@ -179,6 +179,12 @@ struct PersistentState {
   // from the session's first flush, which starts a fresh run. False in records written before
   // the rule, whose writers unlinked empty files at open and left gaps.
   bool wal_files_consecutive = false;
+  // The newest WAL file a session of this store logs to (0: not recorded; records written
+  // before the rule). Committed before the first record goes into a file past the recorded one
+  // (StoreImpl::RecordWalLastLocked) and by each flush with the file it starts, so the open
+  // refuses newest files missing below it (deleted, with synced writes in them), which nothing
+  // after them in the directory would otherwise tell.
+  uint64_t wal_last = 0;
 
   // The same commit's state (every field: a commit that writes no page, such as
   // create_feature, still moves next_fid and the counters of what it committed).

@@ -200,6 +200,10 @@ class StoreImpl final : public Store {
     bool consecutive = false;   // the files from wal_start on are consecutive, only the last empty
   };
   Status ReplayWal(WalReplay* out) RF_REQUIRES(write_mu_);
+  // Commits PersistentState::wal_last = wal_number_ (the state record alone) before this
+  // session's first record goes into its file, or at a writable open that dropped the newest
+  // files (point_in_time), so a later open can tell the newest files were deleted.
+  Status RecordWalLastLocked() RF_REQUIRES(write_mu_);
   // Corruption (Stale for a read-only handle while a writer runs) when the metadata lists
   // pages at or past `slots`, the page file's length in pages.
   Status CheckPagesWithinFile(uint32_t max_pid, uint64_t slots) RF_REQUIRES(write_mu_);

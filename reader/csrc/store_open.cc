@@ -399,6 +399,10 @@ Status StoreImpl::Recover() {
   wal_number_ = replay.last_empty ? replay.last_number : std::max(replay.last_number, pstate_.wal_start - 1) + 1;
   RF_RETURN_IF_ERROR(wal_.Open(WalFileName(wal_dir_, wal_number_)));
   RF_RETURN_IF_ERROR(SyncDir(wal_dir_));
+  // Only a point_in_time open that dropped the newest files (or left them missing) gets here
+  // with a newer file on record: that point becomes the store's state before it logs anything,
+  // or the next default open would refuse the files this one dropped.
+  if (pstate_.wal_last > wal_number_) RF_RETURN_IF_ERROR(RecordWalLastLocked());
   // What this session's commits may claim (PersistentState): the wal_start file is there, and
   // the files from it to wal_number_ are consecutive. A store last committed by an older
   // version may miss either (an empty file unlinked at its open): its commits keep saying so

@@ -87,6 +87,31 @@ Status StoreImpl::ReplayWal(WalReplay* out) {
                                       name(brk.last_good) + " (a writable open then deletes the later ones)");
     replay_to = brk.last_good;
   }
+  // The newest files: a session commits its file as the newest (wal_last) before it logs a
+  // record there, so files missing up to it were deleted with what they logged, synced writes
+  // among them. Without this, nothing after them in the directory would say they existed.
+  const uint64_t newest = numbers.empty() ? 0 : numbers.back();
+  if (replay_to == UINT64_MAX && pstate_.wal_last > std::max(newest, pstate_.wal_start - 1)) {
+    const uint64_t first = std::max(newest + 1, pstate_.wal_start);
+    const std::string gone = first == pstate_.wal_last
+                                 ? "WAL file '" + WalFileName(wal_dir_, first) + "' is missing"
+                                 : "WAL files '" + WalFileName(wal_dir_, first) + "' to '" +
+                                       WalFileName(wal_dir_, pstate_.wal_last) + "' are missing";
+    const std::string there = newest >= pstate_.wal_start
+                                  ? "the last one there is '" + WalFileName(wal_dir_, newest) + "'"
+                                  : "none from the first one it names is there";
+    const std::string msg = "store '" + path_ + "': " + gone + " (the metadata records '" +
+                            WalFileName(wal_dir_, pstate_.wal_last) + "' as the newest file a session logged to; " +
+                            there + ")";
+    if (o_.read_only && WriterMovedOn())
+      return Status::Stale(msg + ": a writer holds the store's LOCK or committed since this read-only open read its "
+                                 "metadata; reopen");
+    if (!point_in_time)
+      return Status::Corruption(msg + ": deleted, and with it the records logged there, synced writes among them. "
+                                      "Restore it, or open with StoreOptions(wal_recovery='point_in_time') to open the "
+                                      "store as of the WAL files that are there (a writable open then records that as "
+                                      "the store's state)");
+  }
   out->consecutive = !brk.found || replay_to != UINT64_MAX;  // point_in_time: the later files go below
   std::vector<uint64_t> skipped, replayed;  // from wal_start on: passed over (point_in_time) / read
   uint64_t cut_at = 0;                      // with a damaged record (point_in_time): its offset in replay_to

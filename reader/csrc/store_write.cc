@@ -110,6 +110,9 @@ Status StoreImpl::Write(WriteOp* w) {
     s = closed_ ? Status::Closed("store '" + path_ + "' is closed") : bg_error_;
     bool sync = o_.sync_on_write;
     const bool logged = !o_.accounting && !o_.bulk_load;
+    // The metadata names this session's file as the newest before any record goes into it
+    // (once per session, or per flush that starts a file: the flush's commit names it).
+    if (s.ok() && logged && pstate_.wal_last != wal_number_) s = RecordWalLastLocked();
     for (WriteOp* x : group) {
       if (!s.ok() || !logged) break;
       s = wal_.AppendParts(kWalBatch, x->parts.data(), x->parts.size());
@@ -149,6 +152,20 @@ Status StoreImpl::Write(WriteOp* w) {
   }
   if (!writers_.empty()) writers_.front()->cv.Signal();
   return s;
+}
+
+Status StoreImpl::RecordWalLastLocked() {
+  PersistentState next = pstate_;
+  next.wal_last = wal_number_;
+  rocksdb::WriteBatch b;
+  MetaStore::PutState(&b, next);
+  // The state record alone, and not through CommitMetaLocked: a loaded checkpoint stays
+  // valid, since it describes the pages and the sequence, which this commit leaves as they
+  // are (LoadCheckpoint checks both). Retiring it here would make every session that writes
+  // and then crashes before its first flush cost the next open a rebuild from all pages.
+  RF_RETURN_IF_ERROR(meta_.Commit(&b));
+  pstate_ = next;
+  return Status::OK();
 }
 
 Status StoreImpl::Sync() {
@@ -268,7 +285,10 @@ Status StoreImpl::FlushLocked(bool force) {
     // from this commit on, whatever the open found (PersistentState).
     const uint64_t old_start = pstate_.wal_start;
     pstate_.wal_start = new_wal;
-    if (logged) pstate_.wal_start_kept = pstate_.wal_files_consecutive = true;
+    if (logged) {
+      pstate_.wal_start_kept = pstate_.wal_files_consecutive = true;
+      pstate_.wal_last = new_wal;
+    }
     s = CommitLocked(dirty, freed);
     retire_below = logged && new_wal > old_start;
   }

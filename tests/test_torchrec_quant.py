@@ -129,3 +129,68 @@ def test_quantized_bad_inputs(tmp_path):
             e.create_table("y", 10, 4, dtype="float16")
         with pytest.raises(InvalidArgumentError, match="encoded int8 rows of dim 4 are 8 bytes"):
             e.update_rows("y", [0], np.zeros((1, 5), np.uint8))
+
+
+# -- tiering a quantized model ------------------------------------------------------------------
+def test_plan_quant_offload_costs_the_quantized_rows_and_shards(tmp_path):
+    """DRAM tables cost their int8 rows (dim + 4 bytes), not float32 ones: at a budget of
+    120,000 bytes cat (1,600), geo (16,000) and item (36,000) fit and user (100,000) goes to SSD.
+    Costed as float32 rows (3,200 / 48,000 / 96,000 / 320,000) only cat and geo would fit. The
+    report's SSD tables then shard the model with the int8 rows on SSD, equal to TorchRec."""
+    from recflash.torchrec_ext import plan_quant_offload, stored_row_bytes
+
+    quant = _quantized()
+    rep = plan_quant_offload(quant, dram_budget_bytes=120_000, batch_size=32, count_engine_dram=False,
+                             print_table=False)
+    by = {t.name: t for t in rep.tables}
+    rows = {n: r for n, r, _, _ in tu.TABLES}
+    dims = {n: d for n, _, d, _ in tu.TABLES}
+    for n in by:
+        assert by[n].dram_bytes == rows[n] * (dims[n] + 4) == rows[n] * stored_row_bytes(dims[n], "int8"), n
+        assert by[n].dtype == "int8", n
+    assert rep.ssd_tables == ["user"] and sorted(rep.dram_tables) == ["cat", "geo", "item"]
+    assert rep.dram_bytes == 1_600 + 16_000 + 36_000
+    assert [stored_row_bytes(16, d) for d in ("float32", "float16", "int8")] == [64, 32, 20]
+    export_quantized_tables(quant, tmp_path / "emb", tables=rep.ssd_tables, progress=False)
+    sharded, _ = shard_quant_model_with_ssd(_quantized(), rep.ssd_tables, str(tmp_path / "emb"))
+    kjt = tu.make_kjt(32, 1)
+    got, q = _outputs(sharded, kjt), _outputs(quant, kjt)
+    for k in q:
+        np.testing.assert_allclose(got[k], q[k], atol=1e-5, rtol=0, err_msg=k)
+
+
+def test_plan_quant_offload_costs_ssd_tables_in_the_stores_rows(tmp_path):
+    """An SSD table is costed in the rows the store holds for it: float32 ones exported from the
+    float model read 64 bytes a row of user (one 512 B block, as int8's 20 bytes), fill fewer
+    rows per page (more block checksums in DRAM), and hold more bytes per gathered row."""
+    from recflash.torchrec_ext import plan_quant_offload
+
+    quant = _quantized()
+    export_tables(tu.reference_ebc(), tmp_path / "f32", tables=["user"], progress=False)
+    export_quantized_tables(quant, tmp_path / "i8", tables=["user"], progress=False)
+    reps = {d: plan_quant_offload(quant, ssd_tables=["user"], store_path=str(tmp_path / d), batch_size=32,
+                                  print_table=False) for d in ("f32", "i8")}
+    user = {d: next(t for t in r.tables if t.name == "user") for d, r in reps.items()}
+    assert user["f32"].dtype == "float32" and user["i8"].dtype == "int8"
+    assert user["f32"].row_bytes == 64 and user["i8"].row_bytes == 20
+    assert user["f32"].dram_bytes == user["i8"].dram_bytes == 5000 * 20  # in DRAM it would be the model's rows
+    assert reps["f32"].engine_dram_bytes > reps["i8"].engine_dram_bytes
+    assert all(t.dtype == "int8" for r in reps.values() for t in r.tables if t.name != "user")
+
+
+def test_plan_quant_offload_bad_inputs(tmp_path):
+    from recflash.torchrec_ext import plan_offload, plan_quant_offload
+    from recflash.reader.errors import UnknownFeatureError
+
+    with pytest.raises(InvalidArgumentError, match="the model is quantized.*plan_quant_offload"):
+        plan_offload(_quantized(), 1, dram_budget_bytes=1 << 20, print_table=False)
+    with pytest.raises(InvalidArgumentError, match="no QuantEmbeddingBagCollection.*plan_offload"):
+        plan_quant_offload(_Model(tu.reference_ebc()), dram_budget_bytes=1 << 20, print_table=False)
+    with pytest.raises(InvalidArgumentError, match="exactly one of"):
+        plan_quant_offload(_quantized(), print_table=False)
+    with pytest.raises(UnknownFeatureError, match="plan_quant_offload: ssd_tables name unknown table.*nope"):
+        plan_quant_offload(_quantized(), ssd_tables=["nope"], print_table=False)
+    with Store.open(str(tmp_path / "s")) as s:
+        EmbeddingStore(s).create_table("user", 4999, 16, dtype="int8")
+    with pytest.raises(SchemaError, match="plan_quant_offload: table 'user' is 5000 x 16 in the model but 4999 x 16"):
+        plan_quant_offload(_quantized(), ssd_tables=["user"], store_path=str(tmp_path / "s"), print_table=False)

@@ -15,6 +15,7 @@ from recflash.torchrec_ext.export import export_tables  # noqa: F401
 from recflash.torchrec_ext.sharding import (SSD_KERNEL, ShardedSsdEmbeddingBagCollection,  # noqa: F401
                                             SsdEmbeddingBagCollectionSharder, find_ssd_modules, update_rows)
 from recflash.torchrec_ext.planner import (OffloadPlan, TieringReport, engine_dram_bytes,  # noqa: F401
-                                           measure_device_iops, plan_offload, ssd_resident_bytes, tier_tables)
+                                           measure_device_iops, plan_offload, plan_quant_offload, ssd_resident_bytes,
+                                           stored_row_bytes, tier_tables)
 from recflash.torchrec_ext.quant import (SsdQuantEmbeddingBag, export_quantized_tables,  # noqa: F401
                                          shard_quant_model_with_ssd)

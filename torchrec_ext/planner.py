@@ -24,7 +24,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -41,14 +41,24 @@ from recflash.reader.errors import InvalidArgumentError, UnknownFeatureError
 from recflash.torchrec_ext.sharding import SSD_KERNEL, SsdEmbeddingBagCollectionSharder
 
 DEVICE_BLOCK = 512
+ROW_DTYPES = ("float32", "float16", "int8")  # what the store's embedding tables hold
 FUSED_KERNEL = "fused"
 DEFAULT_QPS = 1000.0
 
 
+def stored_row_bytes(dim: int, dtype: str = "float32") -> int:
+    """Bytes one row takes in the store (``EmbeddingStore``'s encoding padded to whole words):
+    float32 4 x dim, float16 2 x dim, int8 dim + 4 (its float16 scale and bias first)."""
+    from recflash.ndp.row_format import row_words
+
+    if dtype not in ROW_DTYPES:
+        raise InvalidArgumentError(f"row dtype {dtype!r}: use one of {', '.join(ROW_DTYPES)}")
+    return 4 * row_words(dtype, dim)
+
+
 def ssd_row_bytes(dim: int, dtype: str = "float32") -> int:
     """Bytes a vector-grained read of one row costs: the row rounded up to 512-byte blocks."""
-    raw = {"float32": 4 * dim, "float16": 2 * dim, "int8": dim + 4}[dtype]
-    return DEVICE_BLOCK * math.ceil(raw / DEVICE_BLOCK)
+    return DEVICE_BLOCK * math.ceil(stored_row_bytes(dim, dtype) / DEVICE_BLOCK)
 
 
 PAGE_SIZE = 16384          # the store's default page
@@ -111,11 +121,11 @@ BLOCK_SUM_PAGE_BYTES = 64  # a page's entry in the block-checksum map (hash node
 MAX_GATHER_BYTES = 16 << 20  # the SSD kernel's bound on the rows one engine call holds (max_gather_bytes)
 
 
-def ssd_resident_bytes(rows: int, dim: int, page_size: int = PAGE_SIZE) -> int:
+def ssd_resident_bytes(rows: int, dim: int, page_size: int = PAGE_SIZE, dtype: str = "float32") -> int:
     """DRAM the engine keeps for an SSD table once its pages have been read: a 4-byte checksum
     per 512-byte block of each page (vector-grained reads are verified against them) and the
-    map entry holding them; about 1.2 % of the table's bytes."""
-    per_page = max(1, (page_size - PAGE_HEADER_BYTES) // max(1, 4 * dim))
+    map entry holding them; about 1.2 % of the table's bytes. ``dtype``: the rows' type in the store."""
+    per_page = max(1, (page_size - PAGE_HEADER_BYTES) // stored_row_bytes(dim, dtype))
     return math.ceil(rows / per_page) * (4 * (page_size // DEVICE_BLOCK) + BLOCK_SUM_PAGE_BYTES)
 
 
@@ -123,7 +133,8 @@ def _engine_share(t: "TableDemand", batch_size: int) -> tuple:
     """One SSD table's part of ``engine_dram_bytes``: (its block checksums, one call's rows).
     Exact (a Fraction of the pooling factor), so sums taken in any order, or kept running by
     subtraction (``tier_tables``), give the same bytes."""
-    return ssd_resident_bytes(t.rows, t.dim), 2 * 4 * t.dim * batch_size * fractions.Fraction(t.pooling_factor)
+    return (ssd_resident_bytes(t.rows, t.dim, dtype=t.dtype),
+            2 * t.row_bytes * batch_size * fractions.Fraction(t.pooling_factor))
 
 
 def _engine_total(resident: int, rows: float, max_gather_bytes: int = MAX_GATHER_BYTES) -> int:
@@ -148,10 +159,15 @@ class TableDemand:
     rows: int
     dim: int
     pooling_factor: float        # ids per sample over all features of the table
-    dram_bytes: int              # float32 rows in DRAM
+    dram_bytes: int              # the rows in DRAM (a quantized model's: its int8 / float16 rows)
     ssd_row_bytes: int           # device bytes of one row read
     bandwidth: float             # demanded bytes/s if on SSD = qps x pooling x ssd_row_bytes
     tier: str = ""               # "dram" | "ssd"
+    dtype: str = "float32"       # the rows' type in the store (an SSD table's reads, pages, buffers)
+
+    @property
+    def row_bytes(self) -> int:  # one row in the store
+        return stored_row_bytes(self.dim, self.dtype)
 
     @property
     def density(self) -> float:  # demanded bandwidth per DRAM byte
@@ -205,7 +221,7 @@ class TieringReport:
         runs where a batch's rows are dense; uniform ids."""
         if batch_size <= 0:
             raise InvalidArgumentError(f"ssd_device_reads_per_sample: batch_size must be > 0, got {batch_size}")
-        return sum(expected_device_reads(t.rows, 4 * t.dim, batch_size * t.pooling_factor, dense_page_rows,
+        return sum(expected_device_reads(t.rows, t.row_bytes, batch_size * t.pooling_factor, dense_page_rows,
                                          vector_grained) for t in self.tables if t.tier == "ssd") / batch_size
 
     @property
@@ -246,7 +262,8 @@ class TieringReport:
                     "BW per DRAM byte", "tier"):
             tab.add_column(col, justify="left" if col in ("table", "tier") else "right")
         for t in sorted(self.tables, key=lambda t: -t.density):
-            tab.add_row(t.name, f"{t.rows:,} x {t.dim}", f"{t.pooling_factor:g}", _mib(t.dram_bytes),
+            shape = f"{t.rows:,} x {t.dim}" + ("" if t.dtype == "float32" else f" {t.dtype}")
+            tab.add_row(t.name, shape, f"{t.pooling_factor:g}", _mib(t.dram_bytes),
                         f"{t.ssd_row_bytes} B", f"{t.bandwidth / 1e6:,.2f} MB/s", f"{t.density:.3g}/s",
                         "[green]DRAM[/]" if t.tier == "dram" else "[yellow]SSD[/]")
         console.print(tab)
@@ -368,11 +385,63 @@ class OffloadPlan(ShardingPlan):
     tiering: Optional[TieringReport] = None
 
 
+def _is_quant_ebc(m: nn.Module) -> bool:
+    from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
+
+    return isinstance(m, QuantEmbeddingBagCollection)
+
+
 def _ebcs(model: nn.Module) -> Dict[str, EmbeddingBagCollection]:
-    out = {fqn: m for fqn, m in model.named_modules() if isinstance(m, EmbeddingBagCollection)}
+    out = {fqn: m for fqn, m in model.named_modules() if isinstance(m, EmbeddingBagCollection) and not _is_quant_ebc(m)}
     if not out:
+        if any(_is_quant_ebc(m) for m in model.modules()):
+            raise InvalidArgumentError("plan_offload: the model is quantized (QuantEmbeddingBagCollection): tier its "
+                                       "tables with plan_quant_offload and shard it with shard_quant_model_with_ssd")
         raise InvalidArgumentError("plan_offload: the model has no EmbeddingBagCollection")
     return out
+
+
+def _table_configs(modules, who: str) -> dict:
+    """{table name: EmbeddingBagConfig} over the modules; a name in two of them is an error."""
+    configs = {}
+    for m in modules:
+        for c in m.embedding_bag_configs():
+            if c.name in configs:
+                raise InvalidArgumentError(f"{who}: table name '{c.name}' appears in two embedding bag collections")
+            configs[c.name] = c
+    return configs
+
+
+def _tier(who: str, configs: dict, dtypes: Dict[str, Tuple[str, str]], ssd_tables, dram_budget_bytes, qps: float,
+          pooling_factors, batch_size: int, device_iops, count_engine_dram: bool) -> TieringReport:
+    """The tiering decision over `configs`; dtypes: table -> (its rows' type in DRAM, in the store)."""
+    pooling_factors = dict(pooling_factors or {})
+    unknown = sorted(set(pooling_factors) - set(configs))
+    if unknown:
+        raise UnknownFeatureError(f"{who}: pooling_factors name unknown table(s) {', '.join(unknown)} "
+                                  f"(tables: {', '.join(sorted(configs))})")
+    demands = []
+    for name, c in configs.items():
+        pf = float(pooling_factors.get(name, len(c.feature_names)))
+        in_dram, on_ssd = dtypes[name]
+        rb = ssd_row_bytes(c.embedding_dim, on_ssd)
+        demands.append(TableDemand(name=name, rows=c.num_embeddings, dim=c.embedding_dim, pooling_factor=pf,
+                                   dram_bytes=c.num_embeddings * stored_row_bytes(c.embedding_dim, in_dram),
+                                   ssd_row_bytes=rb, bandwidth=qps * pf * rb, dtype=on_ssd))
+    if ssd_tables is not None:
+        ssd_set = set(ssd_tables)
+        missing = sorted(ssd_set - set(configs))
+        if missing:
+            raise UnknownFeatureError(f"{who}: ssd_tables name unknown table(s) {', '.join(missing)} "
+                                      f"(the model's tables: {', '.join(sorted(configs))})")
+        for t in demands:
+            t.tier = "ssd" if t.name in ssd_set else "dram"
+    else:
+        if dram_budget_bytes < 0:
+            raise InvalidArgumentError(f"{who}: dram_budget_bytes must be >= 0, got {dram_budget_bytes}")
+        tier_tables(demands, dram_budget_bytes, batch_size if count_engine_dram else None)
+    return TieringReport(qps=qps, dram_budget_bytes=dram_budget_bytes, tables=demands, device_iops=device_iops,
+                         batch_size=batch_size, engine_dram_counted=bool(count_engine_dram))
 
 
 def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequence[str]] = None,
@@ -398,43 +467,13 @@ def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequenc
         raise InvalidArgumentError("plan_offload: give exactly one of ssd_tables= or dram_budget_bytes=")
     if world_size < 1:
         raise InvalidArgumentError(f"plan_offload: world_size must be >= 1, got {world_size}")
-    ebcs = _ebcs(model)
-    configs = {}
-    for fqn, ebc in ebcs.items():
-        for c in ebc.embedding_bag_configs():
-            if c.name in configs:
-                raise InvalidArgumentError(f"plan_offload: table name '{c.name}' appears in two "
-                                           f"EmbeddingBagCollections")
-            configs[c.name] = c
-    pooling_factors = dict(pooling_factors or {})
-    unknown = sorted(set(pooling_factors) - set(configs))
-    if unknown:
-        raise UnknownFeatureError(f"plan_offload: pooling_factors name unknown table(s) {', '.join(unknown)} "
-                                  f"(tables: {', '.join(sorted(configs))})")
-    demands = []
-    for name, c in configs.items():
-        pf = float(pooling_factors.get(name, len(c.feature_names)))
-        rb = ssd_row_bytes(c.embedding_dim)
-        demands.append(TableDemand(name=name, rows=c.num_embeddings, dim=c.embedding_dim, pooling_factor=pf,
-                                   dram_bytes=4 * c.num_embeddings * c.embedding_dim, ssd_row_bytes=rb,
-                                   bandwidth=qps * pf * rb))
-    if ssd_tables is not None:
-        ssd_set = set(ssd_tables)
-        missing = sorted(ssd_set - set(configs))
-        if missing:
-            raise UnknownFeatureError(f"plan_offload: ssd_tables name unknown table(s) {', '.join(missing)} "
-                                      f"(the model's tables: {', '.join(sorted(configs))})")
-        for t in demands:
-            t.tier = "ssd" if t.name in ssd_set else "dram"
-    else:
-        if dram_budget_bytes < 0:
-            raise InvalidArgumentError(f"plan_offload: dram_budget_bytes must be >= 0, got {dram_budget_bytes}")
-        tier_tables(demands, dram_budget_bytes, batch_size if count_engine_dram else None)
-    report = TieringReport(qps=qps, dram_budget_bytes=dram_budget_bytes, tables=demands, device_iops=device_iops,
-                           batch_size=batch_size, engine_dram_counted=bool(count_engine_dram))
+    configs = _table_configs(_ebcs(model).values(), "plan_offload")
+    report = _tier("plan_offload", configs, {n: ("float32", "float32") for n in configs}, ssd_tables,
+                   dram_budget_bytes, qps, pooling_factors, batch_size, device_iops, count_engine_dram)
+    demands = report.tables
 
     if store_path is not None:
-        _check_store(store_path, [t for t in demands if t.tier == "ssd"], world_size)
+        _check_store(store_path, [t for t in demands if t.tier == "ssd"], world_size, "plan_offload")
     if ssd_cap_bytes is None:
         ssd_cap_bytes = (shutil.disk_usage(os.path.dirname(os.path.abspath(os.fspath(store_path)).replace("{rank}", "0"))).free
                          if store_path is not None and not str(store_path).startswith("unix:") else 2 << 40)
@@ -466,7 +505,7 @@ def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequenc
     return OffloadPlan(plan=plan.plan, tiering=report)
 
 
-def _check_store(store_path, ssd: List[TableDemand], world_size: int) -> None:
+def _check_store(store_path, ssd: List[TableDemand], world_size: int, who: str) -> None:
     """Every SSD table exists in the store with the model's shape (clear errors before sharding)."""
     from recflash.torchrec_ext.backend import is_device_address
 
@@ -480,19 +519,83 @@ def _check_store(store_path, ssd: List[TableDemand], world_size: int) -> None:
         if "{rank}" in os.fspath(store_path) else [os.fspath(store_path)]
     for p in paths:
         if not os.path.isdir(p):
-            raise NotAStoreError(f"plan_offload: embedding store '{p}' does not exist")
+            raise NotAStoreError(f"{who}: embedding store '{p}' does not exist")
         with Store.open(p, read_only=True) as s:
             have = EmbeddingStore(s).tables()
         if len(paths) > 1:
             continue  # per-rank stores hold only the tables their rank serves
         for t in ssd:
             if t.name not in have:
-                raise UnknownFeatureError(f"plan_offload: table '{t.name}' is planned on SSD but the store '{p}' "
+                raise UnknownFeatureError(f"{who}: table '{t.name}' is planned on SSD but the store '{p}' "
                                           f"has no such table (it has: {', '.join(sorted(have)) or 'none'})")
             h = have[t.name]
             if (h.num_rows, h.dim) != (t.rows, t.dim):
-                raise SchemaError(f"plan_offload: table '{t.name}' is {t.rows} x {t.dim} in the model but "
+                raise SchemaError(f"{who}: table '{t.name}' is {t.rows} x {t.dim} in the model but "
                                   f"{h.num_rows} x {h.dim} in the store '{p}'")
+
+
+def _store_dtypes(store_path, world_size: int) -> Dict[str, str]:
+    """{table: its rows' type} in the store at `store_path` ({} for a device address or per-rank
+    stores, whose tables the ranks hold apart; the model's types are assumed there)."""
+    from recflash.torchrec_ext.backend import is_device_address
+
+    if store_path is None or is_device_address(store_path) or "{rank}" in os.fspath(store_path) \
+            or not os.path.isdir(os.fspath(store_path)):
+        return {}
+    from recflash.ndp import EmbeddingStore
+    from recflash.reader import Store
+
+    with Store.open(os.fspath(store_path), read_only=True) as s:
+        return {n: t.dtype for n, t in EmbeddingStore(s).tables().items()}
+
+
+def plan_quant_offload(model: nn.Module, ssd_tables: Optional[Sequence[str]] = None,
+                       dram_budget_bytes: Optional[int] = None, qps: float = DEFAULT_QPS,
+                       pooling_factors: Optional[Dict[str, float]] = None, batch_size: int = 512,
+                       device_iops: Optional[float] = None, store_path=None, world_size: int = 1,
+                       count_engine_dram: bool = True, print_table: bool = True) -> TieringReport:
+    """The DRAM/SSD tiering of a quantized model's tables, for ``shard_quant_model_with_ssd``::
+
+        report = plan_quant_offload(qmodel, dram_budget_bytes=64 << 20, store_path="/data/emb_store")
+        sharded, plan = shard_quant_model_with_ssd(qmodel, report.ssd_tables, "/data/emb_store")
+
+    ``model`` is what ``quantize_inference_model`` returns. The decision is ``plan_offload``'s
+    (SDM's bandwidth per DRAM byte, the engine's DRAM paid from the budget; the same
+    arguments), with each table costed in the rows it really holds: a DRAM table its quantized
+    rows (int8: dim + 4 bytes, its float16 scale and bias; float16: 2 x dim), an SSD table the
+    rows the store at ``store_path`` holds for it (``export_quantized_tables`` writes the
+    model's own rows, ``export_tables`` of the float model float32 ones), or the model's own
+    rows when it is not there yet or no store is given. ``store_path``, when given, is checked
+    to hold every SSD table with the model's shape.
+    """
+    from recflash.torchrec_ext.quant import _DTYPE_OF
+
+    who = "plan_quant_offload"
+    if (ssd_tables is None) == (dram_budget_bytes is None):
+        raise InvalidArgumentError(f"{who}: give exactly one of ssd_tables= or dram_budget_bytes=")
+    if world_size < 1:
+        raise InvalidArgumentError(f"{who}: world_size must be >= 1, got {world_size}")
+    quant = [m for m in model.modules() if _is_quant_ebc(m)]
+    if not quant:
+        raise InvalidArgumentError(f"{who}: the model has no QuantEmbeddingBagCollection (quantize it with "
+                                   f"torchrec.inference.modules.quantize_inference_model; a float model is planned by "
+                                   f"plan_offload)")
+    configs = _table_configs(quant, who)
+    in_store = _store_dtypes(store_path, world_size)
+    dtypes = {}
+    for name, c in configs.items():
+        dt = _DTYPE_OF.get(c.data_type)
+        if dt is None:
+            raise InvalidArgumentError(f"{who}: table '{name}' is {c.data_type}; the store holds int8, float16 or "
+                                       f"float32 rows")
+        dtypes[name] = (dt, in_store.get(name, dt))
+    report = _tier(who, configs, dtypes, ssd_tables, dram_budget_bytes, qps, pooling_factors, batch_size,
+                   device_iops, count_engine_dram)
+    if store_path is not None:
+        _check_store(store_path, [t for t in report.tables if t.tier == "ssd"], world_size, who)
+    if print_table:
+        report.render()
+    return report
 
 
 def measure_device_iops(directory, seconds: float = 3.0, block: int = 512, iodepth: int = 64,

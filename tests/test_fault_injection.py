@@ -257,3 +257,48 @@ def test_faults_off_cost_nothing_observable(store_path):
     s.close()
     assert all(testing.calls(k) == 0 for k in testing.KINDS)
     _check(store_path, mi, mb)
+
+
+# Writes synced items and ends without close(): its WAL file keeps them, so the next session
+# logs to a new file, which its first write records in the metadata.
+_CRASHED_WRITER = r'''
+import os, sys
+import numpy as np
+from recflash.reader import Store
+from storeutil import small_options
+s = Store.open(sys.argv[1], small_options(write_buffer_bytes=1 << 20))
+s.create_feature("i", "int64")
+s.create_feature("b", "binary")
+keys = np.arange(int(sys.argv[2]), dtype=np.uint64)
+s.put("i", keys, (keys * 3).astype(np.int64))
+s.sync()
+os._exit(0)
+'''
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC], ids=["EIO", "ENOSPC"])
+def test_failed_record_of_the_sessions_wal_file_fails_the_write_alone(store_path, err):
+    """A session's first write commits its WAL file as the newest to the metadata before any
+    record goes there. When that commit fails, the write fails with it (nothing was logged, so
+    nothing is lost or half-written) and the store keeps taking writes: the next one records the
+    file again. Every acknowledged item is there after a reopen."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-P", "-c", _CRASHED_WRITER, store_path, str(N)], check=True, timeout=120, env=env)
+    wal = sorted(os.listdir(os.path.join(store_path, "wal")))
+    s = Store.open(store_path, _opts())  # replays the crashed session's file, logs to a new one
+    assert len(os.listdir(os.path.join(store_path, "wal"))) == len(wal) + 1
+    new = np.arange(N, N + 100, dtype=np.uint64)
+    testing.arm("meta_commit", nth=1, errno=err)
+    _expect("meta_commit", err, lambda: s.put("i", new, (new * 3).astype(np.int64)), ["meta", "metadata commit"])
+    assert testing.calls("meta_commit") == 1
+    testing.disarm()
+    assert s.get("i", new[:3]).to_pylist() == [None, None, None]  # the failed put left nothing
+    assert s.get("i", np.array([0, 7], dtype=np.uint64)).to_pylist() == [0, 21]
+    s.put("i", new, (new * 3).astype(np.int64))  # records the file, then logs
+    s.sync()
+    assert s.get("i", new[:3]).to_pylist() == [3 * N, 3 * N + 3, 3 * N + 6]
+    s.close()
+    _check(store_path, {k: 3 * k for k in range(N + 100)}, {})

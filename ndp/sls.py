@@ -65,7 +65,7 @@ class SlsEngine:
     Caches (all off by default; each has a byte budget and hit/miss counters, see
     :meth:`cache_stats`):
 
-    - ``row_cache_bytes``: host-side LRU row cache;
+    - ``row_cache_bytes``: host-side row cache, a segmented LRU (a row hit twice outlives rows seen once);
     - ``hot_rows_bytes``: static hot-row partition. Filled once, automatically, from the ids of
       the first ``hot_rows_profile_ids`` looked-up ids (default 100 000; the lookup that reaches
       the count also reads the chosen rows), or by :meth:`profile` from a representative trace

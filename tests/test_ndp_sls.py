@@ -182,6 +182,34 @@ def test_caches_are_exact_hit_and_stay_coherent(tables, config):
                                    err_msg=f"{config}: stale cache after update_rows")
 
 
+
+def test_row_cache_keeps_rows_hit_twice_through_a_scan_of_rows_seen_once(tables):
+    """The row cache is a segmented LRU: 100 rows looked up twice (a hit each) outlive 800 rows
+    looked up once in a cache that holds 200, and are hits again afterwards; a plain LRU would
+    have evicted all of them. Rows seen once leave first, so the cache stays within budget."""
+    t, weights = tables
+    w = weights["a"]
+    eng = SlsEngine(t, row_cache_bytes=200 * (4 * DIM + 64))  # room for 200 rows (bytes + 64 each)
+
+    def run(ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        off = np.arange(0, len(ids), 10, dtype=np.int64)
+        out = eng.sls([SlsRequest("a", ids, off)])[0]
+        np.testing.assert_allclose(out, _reference(w, ids, off, "sum"), rtol=1e-5, atol=1e-5)
+        return eng.cache_stats()["row_cache"]
+
+    hot = np.arange(0, 100)
+    run(hot)
+    before = run(hot)  # all hits: each row now in the protected segment
+    assert before["hits"] == 100, before
+    scan = np.arange(1000, 1800)  # 800 rows seen once, four times the cache
+    after_scan = run(scan)
+    assert after_scan["hits"] == 100 and after_scan["misses"] == 100 + 800, after_scan
+    again = run(hot)
+    assert again["hits"] - after_scan["hits"] == 100, again  # every hot row survived the scan
+    assert again["bytes"] <= again["budget_bytes"], again
+    assert again["evictions"] == 100 + 800 - 200, again
+
 @pytest.fixture
 def reverse_completions():
     """io_uring completions delivered in descending request order (a deterministic test knob)."""

@@ -2,13 +2,31 @@
 
 namespace recflash::ndp {
 
+void RowCache::Touch(Entry& e) {
+  if (e.protected_segment) {
+    protected_.splice(protected_.begin(), protected_, e.lru);
+    return;
+  }
+  protected_.splice(protected_.begin(), probation_, e.lru);
+  e.protected_segment = true;
+  protected_bytes_ += Cost(e);
+  // The protected segment's least recent rows go back to probation's front (not out).
+  const size_t cap = static_cast<size_t>(kProtectedFrac * static_cast<double>(budget_));
+  while (protected_bytes_ > cap && protected_.size() > 1) {
+    Entry& old = map_.find(protected_.back())->second;
+    probation_.splice(probation_.begin(), protected_, old.lru);
+    old.protected_segment = false;
+    protected_bytes_ -= Cost(old);
+  }
+}
+
 bool RowCache::Get(uint64_t key, float* out, uint32_t dim) {
   auto it = map_.find(key);
   if (it == map_.end()) {
     counters.misses++;
     return false;
   }
-  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  Touch(it->second);
   std::memcpy(out, it->second.row.data(), dim * sizeof(float));
   counters.hits++;
   return true;
@@ -20,18 +38,20 @@ void RowCache::Put(uint64_t key, const float* row, uint32_t dim) {
   auto it = map_.find(key);
   if (it != map_.end()) {
     std::memcpy(it->second.row.data(), row, dim * sizeof(float));
-    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    Touch(it->second);
     return;
   }
-  while (used_ + cost > budget_ && !lru_.empty()) {
-    auto victim = map_.find(lru_.back());
-    used_ -= victim->second.row.size() * sizeof(float) + kOverhead;
+  while (used_ + cost > budget_ && !map_.empty()) {
+    std::list<uint64_t>& from = probation_.empty() ? protected_ : probation_;
+    auto victim = map_.find(from.back());
+    used_ -= Cost(victim->second);
+    if (victim->second.protected_segment) protected_bytes_ -= Cost(victim->second);
+    from.pop_back();
     map_.erase(victim);
-    lru_.pop_back();
     counters.evictions++;
   }
-  lru_.push_front(key);
-  map_.emplace(key, Entry{lru_.begin(), std::vector<float>(row, row + dim)});
+  probation_.push_front(key);
+  map_.emplace(key, Entry{probation_.begin(), false, std::vector<float>(row, row + dim)});
   used_ += cost;
   counters.inserts++;
 }
@@ -39,8 +59,13 @@ void RowCache::Put(uint64_t key, const float* row, uint32_t dim) {
 void RowCache::Erase(uint64_t key) {
   auto it = map_.find(key);
   if (it == map_.end()) return;
-  used_ -= it->second.row.size() * sizeof(float) + kOverhead;
-  lru_.erase(it->second.lru);
+  used_ -= Cost(it->second);
+  if (it->second.protected_segment) {
+    protected_bytes_ -= Cost(it->second);
+    protected_.erase(it->second.lru);
+  } else {
+    probation_.erase(it->second.lru);
+  }
   map_.erase(it);
   counters.invalidations++;
 }

@@ -15,6 +15,12 @@
 
     .venv/bin/python examples/dlrm_inference_ssd.py            # 2 M-row tables, 200 batches
     .venv/bin/python examples/dlrm_inference_ssd.py --quick    # short run (make demo)
+    .venv/bin/python examples/dlrm_inference_ssd.py --quick --quantized
+
+``--quantized`` serves TorchRec's quantized inference model instead (``quantize_inference_model``,
+int8 rows): steps 2-4 become ``plan_quant_offload`` (each table costed in its int8 rows),
+``export_quantized_tables`` (the model's own int8 rows, byte for byte) and
+``shard_quant_model_with_ssd``; the scores are compared with the quantized model all in DRAM.
 
 TorchRec's and torch's log lines go to a log file (``--log``), not the terminal. The temporary
 directory (store, log) is removed after the run unless ``--keep``. Bad input (a missing
@@ -188,6 +194,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batches", type=int, default=None)
     ap.add_argument("--log", default=None, help="where torch's and TorchRec's logs go (default: the temporary directory)")
+    ap.add_argument("--quantized", action="store_true",
+                    help="serve TorchRec's int8 quantized model (plan_quant_offload, shard_quant_model_with_ssd)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the temporary directory (its store and log); removed after the run otherwise")
     args = ap.parse_args(argv)
@@ -235,6 +243,53 @@ def main(argv=None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def serve_quantized(args, trained, scale: float, store: str, n_serve: int, console) -> int:
+    """Steps 2-5 for TorchRec's quantized inference model (int8 rows)."""
+    import copy
+
+    import torch
+    from torchrec.inference.modules import quantize_inference_model
+
+    from recflash.torchrec_ext import export_quantized_tables, plan_quant_offload, shard_quant_model_with_ssd
+
+    reference = quantize_inference_model(copy.deepcopy(trained))  # the quantized model, all in DRAM
+    table_bytes = sum(c.num_embeddings * (c.embedding_dim + 4) for c in tables(scale))  # int8 rows + scale/bias
+    budget = int(args.budget_frac * table_bytes)
+    say(console, f"quantized to int8: {table_bytes / 2**20:,.1f} MiB of tables, DRAM budget {budget / 2**20:,.1f} MiB")
+    report = plan_quant_offload(reference, dram_budget_bytes=budget, qps=20_000, batch_size=args.batch,
+                                pooling_factors={n: pf for n, _, _, pf in TABLES}, count_engine_dram=False)
+    ssd = report.ssd_tables
+    if ssd:
+        t0 = time.perf_counter()
+        info = export_quantized_tables(reference, store, tables=ssd, progress=not args.quick)
+        say(console, f"exported the int8 rows of {', '.join(ssd)} to {store} "
+                     f"({sum(v['rows'] for v in info.values()):,} rows) in {time.perf_counter() - t0:.1f} s")
+        served, _ = shard_quant_model_with_ssd(quantize_inference_model(copy.deepcopy(trained)), ssd, store,
+                                               row_cache_bytes=max(1 << 20, budget - report.dram_bytes))
+    else:
+        say(console, "every table fits the DRAM budget: no SSD table (all served from DRAM)")
+        served = quantize_inference_model(copy.deepcopy(trained))
+    data = batches(scale, args.batch, n_serve, seed=2)
+    lat, worst, drift = [], 0.0, 0.0
+    with torch.no_grad():
+        for dense, kjt, _ in data[:3]:  # warm-up
+            served(dense, kjt)
+        for dense, kjt, _ in data:
+            t = time.perf_counter()
+            scores = served(dense, kjt)
+            lat.append(time.perf_counter() - t)
+            worst = max(worst, float((scores - reference(dense, kjt)).abs().max()))
+            drift = max(drift, float((scores - trained(dense, kjt)).abs().max()))
+    lat_ms = 1e3 * np.array(lat)
+    say(console, f"served {len(data)} batches of {args.batch}: {len(data) * args.batch / sum(lat):,.0f} samples/s, "
+                 f"latency p50 {np.percentile(lat_ms, 50):.2f} ms, p99 {np.percentile(lat_ms, 99):.2f} ms")
+    ok = worst <= 1e-5
+    say(console, f"scores vs the quantized model all in DRAM: max |diff| = {worst:.2e} "
+                 + ("[green](equal within 1e-5)[/]" if ok else "[red](NOT equal)[/]")
+                 + f"; vs the float model {drift:.2e} (int8 quantization)")
+    return 0 if ok else 1
+
+
 def run(args, tmp: str, log_path: str) -> int:
     scale = args.scale if args.scale is not None else (0.02 if args.quick else 1.0)
     n_serve = args.batches or (30 if args.quick else 200)
@@ -258,6 +313,8 @@ def run(args, tmp: str, log_path: str) -> int:
         say(console, "training a small DLRM on synthetic clicks (all tables in DRAM)")
         train(trained, batches(scale, 256, 60 if args.quick else 300, seed=1), console)
     trained.eval()
+    if args.quantized:
+        return serve_quantized(args, trained, scale, store, n_serve, console)
     table_bytes = sum(4 * c.num_embeddings * c.embedding_dim for c in tables(scale))
     budget = int(args.budget_frac * table_bytes)
 

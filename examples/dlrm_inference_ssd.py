@@ -243,11 +243,29 @@ def main(argv=None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def timed_serve(model, data, references):
+    """Serves `data` (after 3 warm-up batches): each batch's latency, the wall time (with the
+    references run beside it) and per reference model the largest score difference."""
+    import torch
+
+    lat, worst = [], [0.0] * len(references)
+    with torch.no_grad():
+        for dense, kjt, _ in data[:3]:  # warm-up
+            model(dense, kjt)
+        t_all = time.perf_counter()
+        for dense, kjt, _ in data:
+            t = time.perf_counter()
+            scores = model(dense, kjt)
+            lat.append(time.perf_counter() - t)
+            for i, ref in enumerate(references):
+                worst[i] = max(worst[i], float((scores - ref(dense, kjt)).abs().max()))
+    return lat, time.perf_counter() - t_all, worst
+
+
 def serve_quantized(args, trained, scale: float, store: str, n_serve: int, console) -> int:
     """Steps 2-5 for TorchRec's quantized inference model (int8 rows)."""
     import copy
 
-    import torch
     from torchrec.inference.modules import quantize_inference_model
 
     from recflash.torchrec_ext import export_quantized_tables, plan_quant_offload, shard_quant_model_with_ssd
@@ -270,16 +288,7 @@ def serve_quantized(args, trained, scale: float, store: str, n_serve: int, conso
         say(console, "every table fits the DRAM budget: no SSD table (all served from DRAM)")
         served = quantize_inference_model(copy.deepcopy(trained))
     data = batches(scale, args.batch, n_serve, seed=2)
-    lat, worst, drift = [], 0.0, 0.0
-    with torch.no_grad():
-        for dense, kjt, _ in data[:3]:  # warm-up
-            served(dense, kjt)
-        for dense, kjt, _ in data:
-            t = time.perf_counter()
-            scores = served(dense, kjt)
-            lat.append(time.perf_counter() - t)
-            worst = max(worst, float((scores - reference(dense, kjt)).abs().max()))
-            drift = max(drift, float((scores - trained(dense, kjt)).abs().max()))
+    lat, _, (worst, drift) = timed_serve(served, data, [reference, trained])
     lat_ms = 1e3 * np.array(lat)
     say(console, f"served {len(data)} batches of {args.batch}: {len(data) * args.batch / sum(lat):,.0f} samples/s, "
                  f"latency p50 {np.percentile(lat_ms, 50):.2f} ms, p99 {np.percentile(lat_ms, 99):.2f} ms")
@@ -349,17 +358,7 @@ def run(args, tmp: str, log_path: str) -> int:
 
     # 5. serve
     data = batches(scale, args.batch, n_serve, seed=2)
-    lat, worst = [], 0.0
-    with torch.no_grad():
-        for dense, kjt, _ in data[:3]:  # warm-up
-            dmp(dense, kjt)
-        t_all = time.perf_counter()
-        for dense, kjt, _ in data:
-            t = time.perf_counter()
-            scores = dmp(dense, kjt)
-            lat.append(time.perf_counter() - t)
-            worst = max(worst, float((scores - trained(dense, kjt)).abs().max()))
-        wall = time.perf_counter() - t_all
+    lat, wall, (worst,) = timed_serve(dmp, data, [trained])
     lat_ms = 1e3 * np.array(lat)
     say(console, f"served {len(data)} batches of {args.batch}: {len(data) * args.batch / sum(lat):,.0f} samples/s "
                  f"(wall {wall:.1f} s with the DRAM reference model), latency p50 {np.percentile(lat_ms, 50):.2f} "

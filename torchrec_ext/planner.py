@@ -392,7 +392,7 @@ def _is_quant_ebc(m: nn.Module) -> bool:
 
 
 def _ebcs(model: nn.Module) -> Dict[str, EmbeddingBagCollection]:
-    out = {fqn: m for fqn, m in model.named_modules() if isinstance(m, EmbeddingBagCollection) and not _is_quant_ebc(m)}
+    out = {fqn: m for fqn, m in model.named_modules() if isinstance(m, EmbeddingBagCollection)}
     if not out:
         if any(_is_quant_ebc(m) for m in model.modules()):
             raise InvalidArgumentError("plan_offload: the model is quantized (QuantEmbeddingBagCollection): tier its "
@@ -505,8 +505,9 @@ def plan_offload(model: nn.Module, world_size: int, ssd_tables: Optional[Sequenc
     return OffloadPlan(plan=plan.plan, tiering=report)
 
 
-def _check_store(store_path, ssd: List[TableDemand], world_size: int, who: str) -> None:
-    """Every SSD table exists in the store with the model's shape (clear errors before sharding)."""
+def _check_store(store_path, ssd: List[TableDemand], world_size: int, who: str, tables: Optional[dict] = None) -> None:
+    """Every SSD table exists in the store with the model's shape (clear errors before sharding).
+    ``tables``: the single store's tables when the caller has read them already (``_store_tables``)."""
     from recflash.torchrec_ext.backend import is_device_address
 
     if not ssd or is_device_address(store_path):
@@ -520,8 +521,11 @@ def _check_store(store_path, ssd: List[TableDemand], world_size: int, who: str) 
     for p in paths:
         if not os.path.isdir(p):
             raise NotAStoreError(f"{who}: embedding store '{p}' does not exist")
-        with Store.open(p, read_only=True) as s:
-            have = EmbeddingStore(s).tables()
+        if tables is not None and len(paths) == 1:
+            have = tables
+        else:
+            with Store.open(p, read_only=True) as s:
+                have = EmbeddingStore(s).tables()
         if len(paths) > 1:
             continue  # per-rank stores hold only the tables their rank serves
         for t in ssd:
@@ -534,19 +538,19 @@ def _check_store(store_path, ssd: List[TableDemand], world_size: int, who: str) 
                                   f"{h.num_rows} x {h.dim} in the store '{p}'")
 
 
-def _store_dtypes(store_path, world_size: int) -> Dict[str, str]:
-    """{table: its rows' type} in the store at `store_path` ({} for a device address or per-rank
-    stores, whose tables the ranks hold apart; the model's types are assumed there)."""
+def _store_tables(store_path) -> Optional[dict]:
+    """{table: TableInfo} of the single store at `store_path`, or None (no store given, a device
+    address, per-rank stores whose tables the ranks hold apart, or no store there yet)."""
     from recflash.torchrec_ext.backend import is_device_address
 
     if store_path is None or is_device_address(store_path) or "{rank}" in os.fspath(store_path) \
             or not os.path.isdir(os.fspath(store_path)):
-        return {}
+        return None
     from recflash.ndp import EmbeddingStore
     from recflash.reader import Store
 
     with Store.open(os.fspath(store_path), read_only=True) as s:
-        return {n: t.dtype for n, t in EmbeddingStore(s).tables().items()}
+        return EmbeddingStore(s).tables()
 
 
 def plan_quant_offload(model: nn.Module, ssd_tables: Optional[Sequence[str]] = None,
@@ -581,18 +585,18 @@ def plan_quant_offload(model: nn.Module, ssd_tables: Optional[Sequence[str]] = N
                                    f"torchrec.inference.modules.quantize_inference_model; a float model is planned by "
                                    f"plan_offload)")
     configs = _table_configs(quant, who)
-    in_store = _store_dtypes(store_path, world_size)
+    in_store = _store_tables(store_path)  # read once: for the costing and the check below
     dtypes = {}
     for name, c in configs.items():
         dt = _DTYPE_OF.get(c.data_type)
         if dt is None:
             raise InvalidArgumentError(f"{who}: table '{name}' is {c.data_type}; the store holds int8, float16 or "
                                        f"float32 rows")
-        dtypes[name] = (dt, in_store.get(name, dt))
+        dtypes[name] = (dt, in_store[name].dtype if in_store and name in in_store else dt)
     report = _tier(who, configs, dtypes, ssd_tables, dram_budget_bytes, qps, pooling_factors, batch_size,
                    device_iops, count_engine_dram)
     if store_path is not None:
-        _check_store(store_path, [t for t in report.tables if t.tier == "ssd"], world_size, who)
+        _check_store(store_path, [t for t in report.tables if t.tier == "ssd"], world_size, who, in_store)
     if print_table:
         report.render()
     return report

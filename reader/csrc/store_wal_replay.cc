@@ -55,14 +55,14 @@ Status StoreImpl::ReplayWal(WalReplay* out) {
   // existed. Stores whose last commit predates the rule may have gaps (their writers unlinked
   // empty files at open): they open as before.
   uint64_t replay_to = UINT64_MAX;  // no file numbered above it is replayed (point_in_time)
+  const auto name = [&](uint64_t no) {  // a WAL file's path, quoted
+    std::string q(1, '\'');  // (not "'" + string: GCC 12 warns on that, -Wrestrict)
+    q += WalFileName(wal_dir_, no);
+    q += '\'';
+    return q;
+  };
   const WalSequenceBreak brk = FindWalSequenceBreak(files, pstate_.wal_start);
   if (brk.found && pstate_.wal_files_consecutive) {
-    const auto name = [&](uint64_t no) {
-      std::string q(1, '\'');  // (not "'" + string: GCC 12 warns on that, -Wrestrict)
-      q += WalFileName(wal_dir_, no);
-      q += '\'';
-      return q;
-    };
     std::string what;
     if (brk.empty)
       what = "WAL file " + name(brk.last_good) + " is empty although a later one, " + name(brk.next) +
@@ -94,15 +94,12 @@ Status StoreImpl::ReplayWal(WalReplay* out) {
   if (replay_to == UINT64_MAX && pstate_.wal_last > std::max(newest, pstate_.wal_start - 1)) {
     const uint64_t first = std::max(newest + 1, pstate_.wal_start);
     const std::string gone = first == pstate_.wal_last
-                                 ? "WAL file '" + WalFileName(wal_dir_, first) + "' is missing"
-                                 : "WAL files '" + WalFileName(wal_dir_, first) + "' to '" +
-                                       WalFileName(wal_dir_, pstate_.wal_last) + "' are missing";
-    const std::string there = newest >= pstate_.wal_start
-                                  ? "the last one there is '" + WalFileName(wal_dir_, newest) + "'"
-                                  : "none from the first one it names is there";
-    const std::string msg = "store '" + path_ + "': " + gone + " (the metadata records '" +
-                            WalFileName(wal_dir_, pstate_.wal_last) + "' as the newest file a session logged to; " +
-                            there + ")";
+                                 ? "WAL file " + name(first) + " is missing"
+                                 : "WAL files " + name(first) + " to " + name(pstate_.wal_last) + " are missing";
+    const std::string there =
+        newest >= pstate_.wal_start ? "the last one there is " + name(newest) : "none from the first one it names is there";
+    const std::string msg = "store '" + path_ + "': " + gone + " (the metadata records " + name(pstate_.wal_last) +
+                            " as the newest file a session logged to; " + there + ")";
     if (o_.read_only && WriterMovedOn())
       return Status::Stale(msg + ": a writer holds the store's LOCK or committed since this read-only open read its "
                                  "metadata; reopen");

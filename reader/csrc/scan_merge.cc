@@ -291,12 +291,104 @@ IndexPlanner::IndexPlanner(std::span<const uint64_t> ik, std::span<const uint32_
       plan_(plan),
       ref_of_(RefOfPage(refs, ik.size())),
       rid_(ik.size()) {
+  *plan = IndexPlan();
   const size_t n = ik.size();
   if (b.size() > 0 || parts == 0) parts = 1;
   for (unsigned p = 0; p <= parts; p++) bound_.push_back(n * p / parts);
-  cnt_.assign(parts, std::vector<uint32_t>(refs.size() + 1, 0));
-  fill_.resize(parts);
-  out_.assign(parts, 0);
+  uint64_t valid = 0;
+  bool tombs = false;
+  for (const PageRef& r : refs) {
+    valid += r.valid;
+    tombs |= r.tombs != 0;
+  }
+  // (Slot numbers are 32-bit: parts x entries must fit.)
+  fused_ = b.size() == 0 && !tombs && n > 0 && valid == n && static_cast<uint64_t>(n) * parts < UINT32_MAX;
+  if (!fused_) {
+    cnt_.assign(parts, std::vector<uint32_t>(refs.size() + 1, 0));
+    fill_.resize(parts);
+    out_.assign(parts, 0);
+    return;
+  }
+  // Ref j's group: room[j] = its valid records, once per part.
+  const size_t nr = refs.size();
+  plan->fused = true;
+  plan->parts = parts;
+  plan->room.resize(nr);
+  plan->first.assign(nr + 1, 0);
+  for (size_t j = 0; j < nr; j++) {
+    plan->room[j] = refs[j].valid;
+    plan->first[j + 1] = plan->first[j] + parts * refs[j].valid;
+  }
+  fill_.assign(parts, std::vector<uint32_t>(nr));
+  lim_.assign(parts, std::vector<uint32_t>(nr));
+  for (unsigned p = 0; p < parts; p++)
+    for (size_t j = 0; j < nr; j++) {
+      fill_[p][j] = plan->first[j] + p * plan->room[j];
+      lim_[p][j] = fill_[p][j] + plan->room[j];
+    }
+  plan->slots.resize(plan->first.back());
+  col->keys.resize(n);
+  col->values.resize(n * static_cast<size_t>(w));
+}
+
+bool IndexPlanner::Fused(unsigned p) {
+  const uint32_t* const ilp = il_.data();
+  const uint64_t* const ikp = ik_.data();
+  uint32_t* const fp = fill_[p].data();
+  const uint32_t* const lp = lim_[p].data();
+  IndexPlan::Slot* const slots = plan_->slots.data();
+  const size_t a = bound_[p], z = bound_[p + 1];
+  for (size_t e = a; e < z; e++) {
+    const int32_t x = ref_of_.Find(ilp[e]);  // (a tombstone's location names no page)
+    if (x < 0) [[unlikely]] return false;
+    uint32_t& f = fp[x];
+    if (f == lp[x]) [[unlikely]] return false;  // more entries than the ref's valid records
+    slots[f++] = {ikp[e], e};
+  }
+  std::memcpy(col_->keys.data() + a, ikp + a, (z - a) * sizeof(uint64_t));
+  return true;
+}
+
+bool IndexPlanner::FinishFused() {
+  const size_t nr = refs_.size();
+  const unsigned np = parts();
+  for (size_t j = 0; j < nr; j++) {
+    uint64_t got = 0;
+    for (unsigned p = 0; p < np; p++) got += fill_[p][j] - (plan_->first[j] + p * plan_->room[j]);
+    if (got != refs_[j].valid) return false;
+  }
+  plan_->fill = std::move(fill_[0]);
+  plan_->part_fill.assign(fill_.begin() + 1, fill_.end());
+  plan_->from_disk = ik_.size();
+  return true;
+}
+
+bool IndexPlanner::PlanInOnePart() {
+  const size_t n = ik_.size();
+  fused_ = false;
+  bound_ = {0, n};
+  cnt_.assign(1, std::vector<uint32_t>(refs_.size() + 1, 0));
+  fill_.assign(1, {});
+  lim_.clear();
+  out_.assign(1, 0);
+  *plan_ = IndexPlan();
+  if (!Refs(0) || !Size()) return false;
+  Slots(0);
+  Finish();
+  return true;
+}
+
+void IndexPlan::Gather(uint32_t j) {
+  if (parts <= 1) return;
+  uint32_t end = fill[j];
+  for (unsigned p = 1; p < parts; p++) {
+    const uint32_t base = first[j] + p * room[j];
+    const uint32_t c = part_fill[p - 1][j] - base;
+    if (c > 0 && base != end) std::memmove(&slots[end], &slots[base], c * sizeof(Slot));
+    end += c;
+    part_fill[p - 1][j] = base;  // moved: none left there
+  }
+  fill[j] = end;
 }
 
 bool IndexPlanner::Refs(unsigned p) {
@@ -416,6 +508,15 @@ void LanePlan::Share(unsigned l) {
   }
   const bool ready = ready_.load() == 1;
   const unsigned parts = ready ? planner_->parts() : 0;
+  if (ready && planner_->fused()) {  // one pass per part, no wait between passes
+    if (l < parts && !planner_->Fused(l)) refs_ok_ = false;
+    if (shares_done_.fetch_add(1) + 1 == lanes_) {  // the last share: every part is done
+      const bool ok = (refs_ok_.load() && planner_->FinishFused()) || planner_->PlanInOnePart();
+      planned_ = ok ? 1 : 2;
+      planned_.notify_all();
+    }
+    return;
+  }
   if (l < parts) {
     if (!planner_->Refs(l)) refs_ok_ = false;
     refs_done_.fetch_add(1);
@@ -446,6 +547,7 @@ bool PlanIndexPlacement(std::span<const uint64_t> ik, std::span<const uint32_t> 
                         const std::vector<PageRef>& refs, const BufferedItems& b, uint32_t w, ColumnData* col,
                         IndexPlan* plan) {
   IndexPlanner pl(ik, il, refs, b, w, col, plan, 1);
+  if (pl.fused()) return (pl.Fused(0) && pl.FinishFused()) || pl.PlanInOnePart();
   if (!pl.Refs(0) || !pl.Size()) return false;
   pl.Slots(0);
   pl.Finish();
@@ -455,8 +557,8 @@ bool PlanIndexPlacement(std::span<const uint64_t> ik, std::span<const uint32_t> 
 namespace {
 
 template <uint32_t kW>
-bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* s, size_t m, ColumnData* col,
-                   std::vector<uint64_t>* scratch) {
+bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* sa, size_t ma, const IndexPlan::Slot* sb, size_t mb,
+                   ColumnData* col, std::vector<uint64_t>* scratch) {
   scratch->resize(sv.count + 4);
   uint64_t* pk = scratch->data();
   sv.DecodeKeys(pk);
@@ -465,13 +567,20 @@ bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* s, size_t m, Co
   const uint32_t w = kW ? kW : sv.width;
   const uint8_t* src = sv.values;
   const uint32_t cn = sv.count;
-  if (m == cn && !sv.tomb) {
+  if (ma + mb == cn && !sv.tomb) {
     // Every record of the segment is current (a page written by a merge, or one no update
-    // has touched since): record r goes to slot r, after a check that the keys agree.
+    // has touched since): record r goes to the r-th slot (a's, then b's), after a check that
+    // the keys agree.
     uint64_t diff = 0;
-    for (uint32_t r = 0; r < cn; r++) {
-      diff |= pk[r] ^ s[r].key;
-      std::memcpy(vp + s[r].pos * w, src + static_cast<size_t>(r) * w, w);
+    for (uint32_t r = 0; r < ma; r++) {
+      diff |= pk[r] ^ sa[r].key;
+      std::memcpy(vp + sa[r].pos * w, src + static_cast<size_t>(r) * w, w);
+    }
+    pk += ma;
+    src += ma * static_cast<size_t>(w);
+    for (uint32_t r = 0; r < mb; r++) {
+      diff |= pk[r] ^ sb[r].key;
+      std::memcpy(vp + sb[r].pos * w, src + static_cast<size_t>(r) * w, w);
     }
     if (diff != 0) return false;  // (written slots are rewritten by the fallback merge)
     return true;
@@ -481,8 +590,8 @@ bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* s, size_t m, Co
   // names) are skipped on the way, four at a time: keys ascend, so how many of the next four
   // are below the slot's key is how far to move (a loop per record mispredicted its exit at
   // every run of stale records). False when the page disagrees with the index.
-  auto place = [&](size_t t, uint32_t* rp) {
-    const uint64_t key = s[t].key;
+  auto place = [&](const IndexPlan::Slot& s, uint32_t* rp) {
+    const uint64_t key = s.key;
     uint32_t r = *rp;
     for (;;) {
       const uint32_t below = static_cast<uint32_t>(pk[r] < key) + (pk[r + 1] < key) + (pk[r + 2] < key) + (pk[r + 3] < key);
@@ -490,35 +599,62 @@ bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* s, size_t m, Co
       if (below < 4) break;
     }
     if (r >= cn || pk[r] != key || (tombs && sv.is_tomb(r))) return false;
-    std::memcpy(vp + s[t].pos * w, src + static_cast<size_t>(r) * w, w);
+    std::memcpy(vp + s.pos * w, src + static_cast<size_t>(r) * w, w);
     *rp = r + 1;
     return true;
   };
   // Each search starts where the previous one ended: a chain of dependent loads and compares,
-  // ~10 cycles a record, most of a fragmented feature's placement. The slots' two halves run
-  // as two chains side by side (the second from its first key's record, found by a binary
-  // search), which the core overlaps.
-  const size_t h = m / 2;
+  // ~10 cycles a record, most of a fragmented feature's placement. Two runs of slots (a's,
+  // all of whose keys are below b's: a plan's two parts, or one run's two halves) are searched
+  // as two chains side by side (b's from its first key's record, found by a binary search),
+  // which the core overlaps.
+  if (mb == 0) {
+    const size_t h = ma / 2;
+    sb = sa + h;
+    mb = ma - h;
+    ma = h;
+  } else if (ma == 0) {
+    const size_t h = mb / 2;
+    sa = sb;
+    ma = h;
+    sb += h;
+    mb -= h;
+  }
+  if (mb == 0) return true;
   uint32_t ra = 0;
-  uint32_t rb = static_cast<uint32_t>(std::lower_bound(pk, pk + cn, s[h].key) - pk);
-  for (size_t t = 0; t < h; t++)
-    if (!place(t, &ra) || !place(h + t, &rb)) return false;
-  if (m & 1) return place(m - 1, &rb);
+  uint32_t rb = static_cast<uint32_t>(std::lower_bound(pk, pk + cn, sb[0].key) - pk);
+  const size_t both = std::min(ma, mb);
+  for (size_t t = 0; t < both; t++)
+    if (!place(sa[t], &ra) || !place(sb[t], &rb)) return false;
+  for (size_t t = both; t < ma; t++)
+    if (!place(sa[t], &ra)) return false;
+  for (size_t t = both; t < mb; t++)
+    if (!place(sb[t], &rb)) return false;
   return true;
 }
 
 }  // namespace
 
-bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
+bool PlaceIndexed(const SegmentView& sv, IndexPlan* plan, uint32_t j, ColumnData* col,
                   std::vector<uint64_t>* scratch, double* encoded) {
-  const size_t a = plan.first[j], m = plan.fill[j] - a;
-  if (m == 0) return true;
-  const IndexPlan::Slot* s = plan.slots.data() + a;
-  const bool ok = sv.width == 8   ? PlaceIndexedW<8>(sv, s, m, col, scratch)
-                  : sv.width == 4 ? PlaceIndexedW<4>(sv, s, m, col, scratch)
-                                  : PlaceIndexedW<0>(sv, s, m, col, scratch);
+  // A plan in two parts (two lanes) gives two runs of slots, placed as they are; more parts
+  // are gathered into one run first.
+  if (plan->parts > 2) plan->Gather(j);
+  const size_t a = plan->first[j], ma = plan->fill[j] - a;
+  const IndexPlan::Slot* sa = plan->slots.data() + a;
+  const IndexPlan::Slot* sb = nullptr;
+  size_t mb = 0;
+  if (plan->parts == 2) {
+    const size_t b = plan->first[j] + plan->room[j];
+    sb = plan->slots.data() + b;
+    mb = plan->part_fill[0][j] - b;
+  }
+  if (ma + mb == 0) return true;
+  const bool ok = sv.width == 8   ? PlaceIndexedW<8>(sv, sa, ma, sb, mb, col, scratch)
+                  : sv.width == 4 ? PlaceIndexedW<4>(sv, sa, ma, sb, mb, col, scratch)
+                                  : PlaceIndexedW<0>(sv, sa, ma, sb, mb, col, scratch);
   if (!ok) return false;
-  *encoded += static_cast<double>(m) * sv.bytes_per_record();
+  *encoded += static_cast<double>(ma + mb) * sv.bytes_per_record();
   return true;
 }
 

@@ -129,25 +129,57 @@ MergeKind MergeChunks(const IndexEntries* index, const std::vector<PageRef>& ref
 // slots in order instead of loading output keys from positions scattered over the result.
 struct IndexPlan {
   std::vector<uint32_t> first;  // per ref j: room for its valid records at slots[first[j], ..)
-  std::vector<uint32_t> fill;   // per ref j: its slots end at slots[fill[j]]
+  std::vector<uint32_t> fill;   // per ref j: its slots (its first part's, see below) end at slots[fill[j]]
   struct Slot {
     uint64_t key;  // the key of the record that goes there
     uint64_t pos;  // its output position
   };
   HVec<Slot> slots;  // grouped by ref, ascending within each: one write stream per page
   uint64_t from_disk = 0;       // output items that come from pages
+  // A plan made in one pass by several parts (IndexPlanner::Fused): ref j's group holds
+  // room[j] slots per part, part p's from first[j] + p * room[j]; part 0's end at fill[j],
+  // part p's (p >= 1) at part_fill[p - 1][j]. PlaceIndexed reads two parts' runs as they are
+  // (its two search chains); Gather(j) moves more together first.
+  bool fused = false;
+  unsigned parts = 1;
+  std::vector<uint32_t> room;
+  std::vector<std::vector<uint32_t>> part_fill;
+  // Makes ref j's slots one ascending run, slots[first[j], fill[j]): the caller owns ref j
+  // (one lane places a page). Idempotent; nothing to do for a plan in one part.
+  void Gather(uint32_t j);
 };
 // Makes the plan in parts that threads may run side by side: the index snapshot's entries are
 // split into `parts` ranges (1 when items are buffered in the range: where an entry's output
 // goes then depends on the buffered keys before it). Each part's Refs (which ref each entry
 // names, counted per ref) may run at once; then Size, once all have; then each part's Slots
 // at once. Every output slot and position is written by exactly one part.
+//
+// The usual scan needs no counting pass (fused()): a whole feature read with nothing
+// buffered and no tombstone in its pages, whose index entries are as many as its pages' valid
+// records. Each ref then gets exactly its valid records, and each entry's output position is
+// its own index, so one pass per part (Fused) writes the output keys and the slots, each part
+// into room of its own in every ref's group (its share of a ref is unknown until it is done);
+// FinishFused checks that every ref got exactly its valid records. The counting pass was a
+// third of the plan's time, the plan about a third of a fragmented feature's scan CPU.
 class IndexPlanner {
  public:
   IndexPlanner(std::span<const uint64_t> ikeys, std::span<const uint32_t> ilocs,
                const std::vector<PageRef>& refs, const BufferedItems& buf, uint32_t width, ColumnData* col,
                IndexPlan* plan, unsigned parts);
   unsigned parts() const { return static_cast<unsigned>(bound_.size() - 1); }
+  // The one-pass plan applies (see above): call Fused per part, then FinishFused, instead of
+  // Refs, Size, Slots and Finish.
+  bool fused() const { return fused_; }
+  // Part p of the one-pass plan. False when an entry names a page not in `refs` (or a
+  // tombstone) or a ref would get more entries than its valid records.
+  bool Fused(unsigned p);
+  // After every part's Fused returned true: whether every ref got exactly its valid records
+  // (then the plan is done), else the index and the pages' counts disagree.
+  bool FinishFused();
+  // The plan made the two-pass way in one part, from scratch (after the one-pass plan
+  // failed: valid counts that disagree with the index, or a damaged index). False when an
+  // entry names a page not in `refs` or a ref gets more entries than its valid records.
+  bool PlanInOnePart();
   // Pass 1 of part p. False when an index location names a page not in `refs`.
   bool Refs(unsigned p);
   // Sizes the plan and the output after every part's Refs returned true. False when a ref
@@ -173,6 +205,8 @@ class IndexPlanner {
   std::vector<std::vector<uint32_t>> fill_;  // per part: its next slot per ref
   std::vector<uint64_t> out_;                // per part: its first output position
   uint64_t o_ = 0;                           // output items (one part: set by its Slots)
+  bool fused_ = false;
+  std::vector<std::vector<uint32_t>> lim_;   // fused: per part, the end of its room per ref
 };
 // The plan made by `lanes` threads side by side (see StoreOptions::scan_threads): each lane
 // calls Share once it has submitted its first reads, and Planned before it places a page.
@@ -213,7 +247,8 @@ bool PlanIndexPlacement(std::span<const uint64_t> ikeys, std::span<const uint32_
                         IndexPlan* plan);
 // Fills ref j's slots from its page's segment `sv` (width set); `scratch` holds decoded keys.
 // Adds the encoded bytes of the records taken. False when the page disagrees with the index.
-bool PlaceIndexed(const SegmentView& sv, const IndexPlan& plan, uint32_t j, ColumnData* col,
+// The caller owns ref j (a plan in more than two parts has its slots gathered here).
+bool PlaceIndexed(const SegmentView& sv, IndexPlan* plan, uint32_t j, ColumnData* col,
                   std::vector<uint64_t>* scratch, double* encoded);
 
 // Dense placement: the dense merge for fixed-width values. When the feature's keys in the

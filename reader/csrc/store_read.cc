@@ -327,7 +327,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
         const uint32_t j = u.ref;
         SegmentView sv;
         RF_RETURN_IF_ERROR(segment(pid, pv, *f, j, &sv));
-        if (planned && !me.failed && !PlaceIndexed(sv, f->plan, j, col, &me.scratch, &me.encoded)) me.failed = true;
+        if (planned && !me.failed && !PlaceIndexed(sv, &f->plan, j, col, &me.scratch, &me.encoded)) me.failed = true;
       }
       return Status::OK();
     };
@@ -536,7 +536,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       RF_RETURN_IF_ERROR(segment(pid, pv, f, j, &sv));
       if (f.placed) {
         if (!f.planned) plan(i);
-        if (!f.place_failed && !PlaceIndexed(sv, f.plan, j, &(*out)[i], &scratch, &encoded)) f.place_failed = true;
+        if (!f.place_failed && !PlaceIndexed(sv, &f.plan, j, &(*out)[i], &scratch, &encoded)) f.place_failed = true;
         continue;
       }
       if (!f.direct) {

@@ -289,8 +289,7 @@ IndexPlanner::IndexPlanner(std::span<const uint64_t> ik, std::span<const uint32_
       w_(w),
       col_(col),
       plan_(plan),
-      ref_of_(RefOfPage(refs, ik.size())),
-      rid_(ik.size()) {
+      ref_of_(RefOfPage(refs, ik.size())) {
   *plan = IndexPlan();
   const size_t n = ik.size();
   if (b.size() > 0 || parts == 0) parts = 1;
@@ -304,6 +303,7 @@ IndexPlanner::IndexPlanner(std::span<const uint64_t> ik, std::span<const uint32_
   // (Slot numbers are 32-bit: parts x entries must fit.)
   fused_ = b.size() == 0 && !tombs && n > 0 && valid == n && static_cast<uint64_t>(n) * parts < UINT32_MAX;
   if (!fused_) {
+    rid_.resize(n);
     cnt_.assign(parts, std::vector<uint32_t>(refs.size() + 1, 0));
     fill_.resize(parts);
     out_.assign(parts, 0);
@@ -367,6 +367,7 @@ bool IndexPlanner::PlanInOnePart() {
   const size_t n = ik_.size();
   fused_ = false;
   bound_ = {0, n};
+  rid_.resize(n);
   cnt_.assign(1, std::vector<uint32_t>(refs_.size() + 1, 0));
   fill_.assign(1, {});
   lim_.clear();

@@ -200,7 +200,7 @@ class IndexPlanner {
   IndexPlan* plan_;
   const PageMap ref_of_;                     // page -> ref, built once for every part
   std::vector<size_t> bound_;                // part p: entries [bound_[p], bound_[p + 1])
-  HVec<uint32_t> rid_;                       // each entry's ref (refs.size(): a tombstone)
+  HVec<uint32_t> rid_;                       // each entry's ref (refs.size(): a tombstone); two-pass only
   std::vector<std::vector<uint32_t>> cnt_;   // per part: entries per ref, tombstones last
   std::vector<std::vector<uint32_t>> fill_;  // per part: its next slot per ref
   std::vector<uint64_t> out_;                // per part: its first output position

@@ -300,8 +300,15 @@ IndexPlanner::IndexPlanner(std::span<const uint64_t> ik, std::span<const uint32_
     valid += r.valid;
     tombs |= r.tombs != 0;
   }
+  // The one-pass plan reserves room for every entry once per part, and each part fills about
+  // its share of every ref's room: up to (parts - 1) more slots per entry become resident
+  // (the untouched rest of a ref's room shares pages with its neighbours). Capped, so a scan of
+  // a huge feature in one call makes the two-pass plan instead of holding that much more.
   // (Slot numbers are 32-bit: parts x entries must fit.)
-  fused_ = b.size() == 0 && !tombs && n > 0 && valid == n && static_cast<uint64_t>(n) * parts < UINT32_MAX;
+  constexpr uint64_t kMaxExtraSlotBytes = 64u << 20;
+  const uint64_t extra = static_cast<uint64_t>(n) * (parts - 1) * sizeof(IndexPlan::Slot);
+  fused_ = b.size() == 0 && !tombs && n > 0 && valid == n && static_cast<uint64_t>(n) * parts < UINT32_MAX &&
+           extra <= kMaxExtraSlotBytes;
   if (!fused_) {
     rid_.resize(n);
     cnt_.assign(parts, std::vector<uint32_t>(refs.size() + 1, 0));

@@ -430,6 +430,32 @@ TEST(ScanMerge, OnePassPlanRefusesCountsThatDisagree) {
   }
 }
 
+// The one-pass plan on several lanes holds room for every entry once per lane: a feature so
+// large that the extra room would pass 64 MiB is planned the two-pass way (on one lane the
+// one-pass plan needs no extra room and is kept).
+TEST(ScanMerge, OnePassPlanOnLanesIsCappedForHugeFeatures) {
+  const size_t n = (size_t{64} << 20) / sizeof(IndexPlan::Slot) + 1;  // one entry past the cap on two lanes
+  HVec<uint64_t> ik(n);
+  HVec<uint32_t> il(n);
+  for (size_t e = 0; e < n; e++) ik[e] = 3 * e, il[e] = e < n / 2 ? 100 : 101;
+  std::vector<PageRef> refs = {{100, static_cast<uint32_t>(n / 2), static_cast<uint32_t>(n / 2), 0, false, 1, 0, 0},
+                               {101, static_cast<uint32_t>(n - n / 2), static_cast<uint32_t>(n - n / 2), 0, false, 2, 0, 0}};
+  const BufferedItems none;
+  for (unsigned lanes : {1u, 2u}) {
+    ColumnData col;
+    IndexPlan plan;
+    ASSERT_TRUE(PlanOnLanes(ik, il, refs, none, lanes, &col, &plan)) << lanes;
+    EXPECT_EQ(plan.fused, lanes == 1) << lanes;
+    EXPECT_EQ(plan.from_disk, n);
+    ASSERT_EQ(col.keys.size(), n);
+    EXPECT_EQ(col.keys[n - 1], 3 * (n - 1));
+    for (uint32_t j = 0; j < 2; j++) {
+      plan.Gather(j);
+      EXPECT_EQ(plan.fill[j] - plan.first[j], refs[j].valid) << lanes << " ref " << j;
+    }
+  }
+}
+
 // The plan made by several lanes on threads of their own (LanePlan) equals the one made on
 // one thread, slot for slot; placing the pages then gives the chunk merges' output. Each
 // scenario also runs without its buffered items, where the plan is split into parts. The

@@ -43,10 +43,10 @@ class _State:
         return self.keys[m], self.vals[m]
 
 
-def _fill(path, rng, rounds=6, leave_buffered=False):
+def _fill(path, rng, rounds=6, leave_buffered=False, deletes=True):
     """int64 and float32 features over sparse keys, updated (a quarter of the keys) and
     partly deleted in rounds, each flushed: every page overlaps others, with stale records
-    and tombstones."""
+    and tombstones (none with deletes=False: the scans then make the one-pass plan)."""
     st = Store.open(path, _opts())
     state = {}
     for name, dt in (("i", np.int64), ("f", np.float32)):
@@ -63,7 +63,7 @@ def _fill(path, rng, rounds=6, leave_buffered=False):
             st.put(name, s.keys[idx], v)
             s.vals[idx] = v
             s.live[idx] = True
-            if r % 2 == 1:
+            if deletes and r % 2 == 1:
                 d = np.unique(rng.integers(0, len(s.keys), len(s.keys) // 30))
                 st.delete(name, s.keys[d])
                 s.live[d] = False
@@ -102,6 +102,25 @@ def test_lanes_equal_model(store_path, threads):
             assert s["lane_scans"] == 0, s
         else:
             assert s["lane_scans"] >= 2 * len(state), s
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_lanes_equal_model_after_updates_alone(store_path, threads):
+    """Updates without deletes, nothing buffered: each lane scan makes its placement plan in
+    one pass (each lane's slots in room of their own per page). Equal to the model for whole
+    scans (the one-pass plan) and ranges (the two-pass one), on every lane count."""
+    rng = np.random.default_rng(29)
+    st, state = _fill(store_path, rng, deletes=False)
+    st.close()
+    with Store.open(store_path, _opts(scan_threads=threads)) as st:
+        for name in state:
+            for lo, hi in _ranges(state, name):
+                _check(st, state, name, lo, hi)
+            _check(st, state, name)  # again, the plan from scratch
+        s = st.stats()
+        assert s["index_merges"] > 0, s
+        assert s["index_merge_fallbacks"] == 0, s
+        assert s["lane_scans"] == (0 if threads == 1 else 4 * len(state)), s
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -97,6 +97,9 @@ class IoRing {
   // Seconds the last ReadRuns or ReadBlocks spent blocked waiting for completions (its
   // `idle` work excluded): the device's share of the call, the rest was the caller's work.
   double wait_seconds() const { return wait_seconds_; }
+  // Microseconds a wait for completions polls the completion queue before it sleeps in the
+  // kernel (StoreOptions::read_poll_us; 0: it sleeps at once). Set by each lease.
+  void set_poll_us(uint32_t us) { poll_us_ = us; }
   // Reads arbitrary byte ranges (offset and length aligned to the device's logical block,
   // each at most slot_bytes): the vector-grained path. cb gets the block index and its bytes.
   struct Block {
@@ -125,6 +128,8 @@ class IoRing {
   // holds the error and nothing is in flight (Abandon ran); the caller returns it.
   bool SubmitIdleWait(const std::string& path, const IdleFn& idle, unsigned want, unsigned inflight,
                       Status* status);
+  // Polls for `want` completions for up to poll_us_; whether they are there.
+  bool Poll(unsigned want);
   io_uring ring_{};
   bool broken_ = false;
   bool ring_ok_ = false;
@@ -135,6 +140,7 @@ class IoRing {
   int owner_pid_ = 0;
   uint64_t peak_inflight_bytes_ = 0;
   double wait_seconds_ = 0;
+  uint32_t poll_us_ = 0;
 };
 
 // A small pool so concurrent readers each get a ring of their own.
@@ -166,15 +172,21 @@ class IoRingPool {
 // RAII lease of a ring from a pool.
 class RingLease {
  public:
-  explicit RingLease(IoRingPool* pool) : pool_(pool) {}
+  // `poll_us`: the ring's waits poll this long before sleeping (see IoRing::set_poll_us).
+  explicit RingLease(IoRingPool* pool, uint32_t poll_us = 0) : pool_(pool), poll_us_(poll_us) {}
   ~RingLease() {
     if (ring_) pool_->Release(std::move(ring_));
   }
-  Status Acquire() { return pool_->Acquire(&ring_); }
+  Status Acquire() {
+    Status s = pool_->Acquire(&ring_);
+    if (ring_) ring_->set_poll_us(poll_us_);
+    return s;
+  }
   IoRing* get() const { return ring_.get(); }
 
  private:
   IoRingPool* pool_;
+  uint32_t poll_us_;
   std::unique_ptr<IoRing> ring_;
 };
 

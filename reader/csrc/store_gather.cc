@@ -308,7 +308,7 @@ Status StoreImpl::Gather::ReadBlocks() {
     for (size_t x = first_need[k]; x < first_need[k + 1]; x++) reqs[kept[x].r].stats->vector_rows++;
   }
   if (!blocks.empty()) {
-    RingLease ring(s_->block_rings_);
+    RingLease ring(s_->block_rings_, s_->o_.read_poll_us);
     RF_RETURN_IF_ERROR(ring.Acquire());
     RF_RETURN_IF_ERROR(ring.get()->ReadBlocks(
         s_->file_.fd(), s_->pages_path_, blocks,
@@ -367,7 +367,7 @@ Status StoreImpl::Gather::ReadWholePages() {
     reqs[r].stats->device_bytes += mine.size() * static_cast<uint64_t>(ps);
   }
   std::vector<uint64_t> keys;
-  RingLease ring(s_->rings_);
+  RingLease ring(s_->rings_, s_->o_.read_poll_us);
   RF_RETURN_IF_ERROR(ring.Acquire());
   Status rs = s_->ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
     if (s_->o_.read_only && pv.seq() != s_->OpenedPageSeq(pid))
@@ -476,7 +476,7 @@ Status StoreImpl::VerifyRows(const std::string& name, uint64_t* pages_read) {
   std::sort(pids.begin(), pids.end());
   pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
   if (pids.empty()) return Status::OK();
-  RingLease ring(rings_);
+  RingLease ring(rings_, o_.read_poll_us);
   RF_RETURN_IF_ERROR(ring.Acquire());
   RF_RETURN_IF_ERROR(ReadPages(ring.get(), pids, [&](uint32_t pid, const PageView& pv) -> Status {
     sums->Record(pid, pv.seq(), pv.data());

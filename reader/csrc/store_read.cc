@@ -38,7 +38,7 @@ using namespace store_internal;
 
 Status StoreImpl::ReadPagesLeased(const std::vector<uint32_t>& sorted_pids, const PageFn& fn, ReadIo* io) {
   if (sorted_pids.empty()) return Status::OK();
-  RingLease ring(rings_);
+  RingLease ring(rings_, o_.read_poll_us);
   RF_RETURN_IF_ERROR(ring.Acquire());
   Status rs = ReadPages(ring.get(), sorted_pids, fn, nullptr, SingleLaneInflight());
   if (!rs.ok()) return ExplainReadFailure(rs);
@@ -301,8 +301,9 @@ constexpr size_t kLaneMinPages = 8;
 // are in flight and places its pages as they arrive. Lane 0 takes the index snapshot
 // (`copy_index`) before the plan. Pages write disjoint output slots, so
 // the lanes share nothing else. A lane's read error stops the others at their next page.
-Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const std::vector<uint32_t>& pids, const PageUsers& users,
-                         ScanFeature* f, ColumnData* col, const LaneReadFn& read, const SegmentFn& segment,
+Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, uint32_t poll_us,
+                         const std::vector<uint32_t>& pids, const PageUsers& users, ScanFeature* f, ColumnData* col,
+                         const LaneReadFn& read, const SegmentFn& segment,
                          const std::function<bool()>& copy_index, double* encoded, ReadIo* io) {
   struct Lane {
     std::vector<uint64_t> scratch;
@@ -331,7 +332,7 @@ Status ReadPlacedInLanes(LaneHelpers::Claim* helpers, IoRingPool* pool, const st
       }
       return Status::OK();
     };
-    RingLease ring(pool);
+    RingLease ring(pool, poll_us);
     me.status = ring.Acquire();
     if (me.status.ok())
       me.status = read(ring.get(), mine, page, [&]() -> Status {
@@ -592,12 +593,12 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       return ReadPages(r, p, fn, idle, share);
     };
     lane_scans_++;
-    Status rs = ReadPlacedInLanes(&helpers, rings_, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
+    Status rs = ReadPlacedInLanes(&helpers, rings_, o_.read_poll_us, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
                                   &encoded, &io);
     RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);
   } else if (!pids.empty()) {
-    RingLease ring(rings_);
+    RingLease ring(rings_, o_.read_poll_us);
     RF_RETURN_IF_ERROR(ring.Acquire());
     Status rs = ReadPages(ring.get(), pids, cb, any_indexed ? IoRing::IdleFn(idle) : IoRing::IdleFn(),
                           SingleLaneInflight());

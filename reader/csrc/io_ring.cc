@@ -616,6 +616,7 @@ void IoRingPool::Release(std::unique_ptr<IoRing> r) {
     (void)r.release();  // created before a fork (see Acquire)
     return;
   }
+  r->set_poll_us(0);  // back to sleeping waits: a ring taken without a lease (a store's write ring) does not poll
   MutexLock l(&mu_);
   if (free_.size() < max_idle_) free_.push_back(std::move(r));
 }

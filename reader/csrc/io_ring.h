@@ -98,7 +98,8 @@ class IoRing {
   // `idle` work excluded): the device's share of the call, the rest was the caller's work.
   double wait_seconds() const { return wait_seconds_; }
   // Microseconds a wait for completions polls the completion queue before it sleeps in the
-  // kernel (StoreOptions::read_poll_us; 0: it sleeps at once). Set by each lease.
+  // kernel (StoreOptions::read_poll_us; 0: it sleeps at once). Set by each read lease and
+  // cleared when the ring goes back to its pool.
   void set_poll_us(uint32_t us) { poll_us_ = us; }
   // Reads arbitrary byte ranges (offset and length aligned to the device's logical block,
   // each at most slot_bytes): the vector-grained path. cb gets the block index and its bytes.

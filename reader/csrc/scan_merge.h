@@ -159,8 +159,9 @@ struct IndexPlan {
 // records. Each ref then gets exactly its valid records, and each entry's output position is
 // its own index, so one pass per part (Fused) writes the output keys and the slots, each part
 // into room of its own in every ref's group (its share of a ref is unknown until it is done);
-// FinishFused checks that every ref got exactly its valid records. The counting pass was a
-// third of the plan's time, the plan about a third of a fragmented feature's scan CPU.
+// FinishFused checks that every ref got exactly its valid records. Profile of the compaction
+// benchmark's default store: the counting and slot passes were 8.4 % and 10.6 % of its scans'
+// CPU, the one pass 11.7 % (the scans' wall time unchanged: the plan runs while reads are in flight).
 class IndexPlanner {
  public:
   IndexPlanner(std::span<const uint64_t> ikeys, std::span<const uint32_t> ilocs,

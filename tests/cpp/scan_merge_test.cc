@@ -225,6 +225,15 @@ TEST(ScanMerge, AnIndexThatDisagreesFallsBackWithTheSameOutput) {
 
 // Index placement: each chunk written as a real page, pages placed in reverse order (the ring
 // completes them in any order), output equal to the chunk merges'.
+// The int64 feature (id 1, "f") the page-building tests write.
+FeatureDef Int64Feature() {
+  FeatureDef d;
+  d.id = 1;
+  d.name = "f";
+  d.type = ValueType::kInt64;
+  return d;
+}
+
 struct BuiltPage {
   std::vector<uint8_t> bytes;
   PageView pv;
@@ -256,10 +265,7 @@ std::vector<PageRef> ValidRefs(const std::vector<PageChunk>& cs) {
 }
 
 TEST(ScanMerge, IndexPlacementAgreesWithBruteForce) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   for (const Scenario& sc : Scenarios()) {
     if (sc.cs.empty()) continue;
     HVec<uint64_t> ik;
@@ -351,10 +357,7 @@ std::vector<PageChunk> Fragmented(uint32_t seed) {
 // valid records) gives each ref the slots the two-pass plan gives it, on any number of
 // lanes, and the pages placed through it give the merged output.
 TEST(ScanMerge, OnePassPlanEqualsTwoPassPlan) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   std::vector<std::vector<PageChunk>> all = {Scenarios()[5].cs, Fragmented(1), Fragmented(2),
                                              {Chunk(3, {10, 20, 30}), Chunk(4, {40, 50})}};
   for (const std::vector<PageChunk>& cs : all) {
@@ -393,10 +396,7 @@ TEST(ScanMerge, OnePassPlanEqualsTwoPassPlan) {
 // plan refuses, as the two-pass one does, on every lane. A tombstone entry the pages do not
 // list: the plan is made the two-pass way, without that key.
 TEST(ScanMerge, OnePassPlanRefusesCountsThatDisagree) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   const std::vector<PageChunk> cs = Fragmented(3);
   const std::vector<BuiltPage> pages = BuildPages(cs, d);
   HVec<uint64_t> ik;
@@ -461,10 +461,7 @@ TEST(ScanMerge, OnePassPlanOnLanesIsCappedForHugeFeatures) {
 // scenario also runs without its buffered items, where the plan is split into parts. The
 // index copy is empty until lane 0's `prepare` fills it, as a scan takes it.
 TEST(ScanMerge, LanePlanOnThreadsEqualsOneThread) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   std::vector<Scenario> all = Scenarios();
   for (const Scenario& sc : Scenarios()) all.push_back({sc.cs, Buffer({})});
   for (const Scenario& sc : all) {
@@ -563,10 +560,7 @@ TEST(ScanMerge, LanePlanPrepareRefusalReachesEveryLane) {
 }
 
 TEST(ScanMerge, IndexPlacementRefusesAnIndexThatDisagrees) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   const Scenario sc = Scenarios()[0];
   const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
   HVec<uint64_t> ik;
@@ -608,10 +602,7 @@ TEST(ScanMerge, IndexPlacementChecksTheKeysOfACleanSegment) {
   // A segment whose records are all current takes the placement's fast path (record r to
   // slot r): it must still refuse an index whose keys differ from the page's, even when the
   // counts agree.
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   const std::vector<PageChunk> cs = {Chunk(3, {10, 20, 30})};
   const std::vector<BuiltPage> pages = BuildPages(cs, d);
   HVec<uint64_t> ik;
@@ -631,10 +622,7 @@ TEST(ScanMerge, IndexPlacementChecksTheKeysOfACleanSegment) {
 }
 
 TEST(ScanMerge, DensePlacementAgreesWithBruteForceInAnyPageOrder) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   int planned = 0;
   for (const Scenario& sc : Scenarios()) {
     if (sc.cs.size() < 2) continue;
@@ -673,10 +661,7 @@ TEST(ScanMerge, DensePlacementAgreesWithBruteForceInAnyPageOrder) {
 }
 
 TEST(ScanMerge, DensePlacementKeepsToTheRange) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   const Scenario sc = Scenarios()[3];  // many pages of a dense range
   const std::vector<BuiltPage> pages = BuildPages(sc.cs, d);
   std::vector<PageRef> refs = ValidRefs(sc.cs);
@@ -710,10 +695,7 @@ TEST(ScanMerge, DensePlacementInWindowsAgreesWithBruteForce) {
   // whose keys are dozens apart (each spanning many windows), tombstones on both, a buffer
   // overriding some keys; placed with windows from one slot up to the default, pages staged in
   // several orders, over the whole span and over ranges that cut pages.
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   std::mt19937_64 rng(7);
   for (int round = 0; round < 4; round++) {
     std::vector<PageChunk> cs;
@@ -946,10 +928,7 @@ TEST(ScanMerge, DensePlacementOfVarintKeysAgreesWithBruteForce) {
 }
 
 TEST(ScanMerge, DensePlacementRefusesPagesThatDisagreeWithTheirMetadata) {
-  FeatureDef d;
-  d.id = 1;
-  d.name = "f";
-  d.type = ValueType::kInt64;
+  const FeatureDef d = Int64Feature();
   const std::vector<PageChunk> cs = {Chunk(1, {1, 2, 3, 4, 5, 6}), Chunk(2, {2, 4, 6})};
   const std::vector<BuiltPage> pages = BuildPages(cs, d);
   std::vector<PageRef> refs = ValidRefs(cs);

@@ -86,6 +86,10 @@ def test_quick_json_layout(quick):
         assert "device_replay_error" not in r, r.get("device_replay_error")
         assert _finite(r["read_device_floor_s"]) and r["read_device_floor_s"] > 0
         assert r["read_device_floor_s"] < 3 * r["read_engine_time_s"], r
+        # ... and its scans were run again through the engine's C++ API (engine_reader.cc), each
+        # result checked against the timed scan's items and checksum (a mismatch is an error).
+        assert "native_replay_error" not in r, r.get("native_replay_error")
+        assert _finite(r["read_time_native_s"]) and r["read_time_native_s"] > 0
     names = {t["target"].split(":")[0] for t in doc["targets"]}
     assert {"issue 14 2a", "issue 14 2b", "issue 14 2c"} <= names, names
     env = doc["environment"]

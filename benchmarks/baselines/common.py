@@ -173,6 +173,9 @@ PLAN_EXTENT = np.dtype([("file", "<u4"), ("rank", "<u4"), ("first", "<u8"), ("n"
 #: One record of page_reader's OUT.bin per op.
 READER_RESULT = np.dtype([("seconds", "<f8"), ("io_seconds", "<f8"), ("bytes", "<u8"), ("pages", "<u8"),
                           ("items", "<u8"), ("checksum", "<u8")])
+#: One record of engine_reader's OUT.bin per read (benchmarks/csrc/engine_reader.cc).
+NATIVE_RESULT = np.dtype([("seconds", "<f8"), ("engine_seconds", "<f8"), ("io_wait_seconds", "<f8"),
+                          ("bytes", "<u8"), ("pages", "<u8"), ("items", "<u8"), ("checksum", "<u8")])
 
 
 def plan_header(page_size: int, item_bytes: int, n_ops: int) -> bytes:

@@ -751,9 +751,10 @@ class ReaderRunner(Runner):
             raise RuntimeError(f"engine_reader returned {len(res)} results for {len(idx)} reads")
         bad = np.flatnonzero((res["items"] != self.log.items[idx]) | (res["checksum"] != self.log.sums[idx]))
         if len(bad):
-            i = idx[bad[0]]
+            i, got = idx[bad[0]], res[bad[0]]
             raise RuntimeError(f"{len(bad)} native scans differ from the timed ones (first: read {i}, feature "
-                               f"{self.names[self.wl.reads[i]]}: {res['items'][bad[0]]} items vs {self.log.items[i]})")
+                               f"{self.names[self.wl.reads[i]]}: {got['items']} items, checksum {got['checksum']:#x} "
+                               f"vs {self.log.items[i]} items, checksum {int(self.log.sums[i]):#x})")
         self.log.native[idx] = res["seconds"]
 
     def rows(self) -> list[dict]:

@@ -18,8 +18,8 @@
 //              direct_io, queue_depth, max_io_bytes, read_inflight_bytes,
 //              single_lane_inflight_bytes, read_poll_us, scan_threads, verify_block_reads);
 //              the others keep the engine's defaults (no write happens).
-// The checksum is page_reader's and item_checksum.cc's: sum(key * 0x9E3779B97F4A7C15 + first 8
-// value bytes) (mod 2^64), taken after the timer, so the benchmark checks these reads against
+// The checksum is item_checksum.cc's (page_reader's formula): sum(key * 0x9E3779B97F4A7C15 + first
+// 8 value bytes) (mod 2^64), taken after the timer, so the benchmark checks these reads against
 // the expected contents as it checks the Python ones. Prints one JSON line of totals.
 #include <chrono>
 #include <cstdint>
@@ -33,6 +33,8 @@
 
 #include "reader/csrc/store.h"
 
+extern "C" uint64_t rf_items_checksum(const uint64_t* keys, const uint8_t* values, uint64_t n, uint64_t stride);
+
 namespace {
 
 using recflash::ColumnData;
@@ -40,8 +42,6 @@ using recflash::ReadStats;
 using recflash::Status;
 using recflash::Store;
 using recflash::StoreOptions;
-
-constexpr uint64_t kMix = 0x9E3779B97F4A7C15ull;
 
 struct OpResult {
   double seconds, engine_seconds, io_wait_seconds;
@@ -77,20 +77,14 @@ void SetOption(StoreOptions* o, const std::string& kv) {
   else Die("unknown or unsupported option '" + k + "'");
 }
 
-// sum(key * kMix + first 8 value bytes) over the scan's items (item_checksum.cc's formula).
+// The check of a scan's items: rf_items_checksum (item_checksum.cc), the one the Python side
+// applies to the timed scans' tables.
 uint64_t Checksum(const ColumnData& c) {
   const size_t n = c.keys.size();
   if (n == 0) return 0;
   const size_t stride = c.values.size() / n;
   if (stride < 8) Die("values narrower than 8 bytes");
-  uint64_t sk = 0, sv = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t v;
-    std::memcpy(&v, c.values.data() + i * stride, 8);
-    sk += c.keys[i];
-    sv += v;
-  }
-  return kMix * sk + sv;
+  return rf_items_checksum(c.keys.data(), c.values.data(), n, stride);
 }
 
 }  // namespace

@@ -575,11 +575,10 @@ class Store:
         """All items of a feature (optionally lo <= key < hi), keys ascending."""
         f = self._feature(feature)
         lo, hi = _key_range(key_range)
-        cols, st = self._s.scan_many([feature], lo, hi)
+        # The table is made in the binding over the engine's buffers (reader/csrc/arrow_bindings.h).
+        tab, st = self._s.scan_table(feature, lo, hi, _ends_at_max(key_range), f.scan_schema())
         self._tls.stats = st
-        keys, values, offsets, _ = _drop_max(cols, key_range)[0]
-        return pa.Table.from_arrays([_np_array(keys, _UINT64), f.decode(values, offsets, len(keys))],
-                                    schema=f.scan_schema())
+        return tab
 
     def scan_many(self, features: Sequence[str], key_range: KeyRange = None, *,
                   rows_of: Sequence[str] = ()) -> pa.Table:

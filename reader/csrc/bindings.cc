@@ -1,6 +1,7 @@
 // Python bindings of the store: one call per batch, numpy buffers in and out, the GIL released
 // while the engine works. Status codes become the exception classes of recflash.reader.errors.
 // Only the store is bound here; ingest/csrc and ndp/csrc bind their own code.
+#include "reader/csrc/arrow_bindings.h"
 #include "reader/csrc/outer_join.h"
 #include "reader/csrc/py_bindings.h"
 
@@ -240,6 +241,22 @@ class PyStore {
     return py::make_tuple(out, ReadStatsTuple(rs));
   }
 
+  // (pyarrow.Table of `key` and `value` with `schema`, read stats) of one feature: Store.scan's
+  // one crossing, the table made here over the engine's buffers (arrow_bindings.h says why).
+  py::tuple ScanTable(const std::string& name, uint64_t lo, uint64_t hi, bool drop_max_key, const py::handle& schema) {
+    std::vector<ColumnData> cols;
+    ReadStats rs;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = s_->ScanMany({name}, lo, hi, &cols, &rs);
+    }
+    Check(st);
+    FeatureDef d;
+    Check(s_->LookupFeature(name, &d));
+    return py::make_tuple(bind::ScanTable(std::move(cols[0]), d, schema, drop_max_key), ReadStatsTuple(rs));
+  }
+
   // (keys as a uint64 array the engine's buffer backs, read stats): one crossing per call.
   py::tuple ScanKeys(const std::string& name, uint64_t lo, uint64_t hi) {
     HVec<uint64_t> keys;
@@ -370,6 +387,7 @@ void InitReader(py::module_& m) {
       .def("sync", &PyStore::Sync)
       .def("close", &PyStore::Close)
       .def("scan_many", &PyStore::ScanMany)
+      .def("scan_table", &PyStore::ScanTable)
       .def("scan_keys", &PyStore::ScanKeys, py::arg("feature"), py::arg("lo"), py::arg("hi"))
       .def("get", &PyStore::Get)
       .def("account_scan", &PyStore::AccountScan)

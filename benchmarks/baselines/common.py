@@ -121,9 +121,14 @@ def build_harness(name: str, libs: list[str] | None = None) -> str:
     cmake = shutil.which("cmake") or "cmake"
     t = time.perf_counter()
     steps = []
-    if not os.path.exists(os.path.join(HARNESS_BUILD_DIR, "build.ninja")):
+    # This interpreter's pyarrow (table_checksum links its C++ libraries): configured with it,
+    # and configured again when the build dir knows another interpreter.
+    py = f"Python_EXECUTABLE:FILEPATH={sys.executable}"
+    cache = os.path.join(HARNESS_BUILD_DIR, "CMakeCache.txt")
+    configured = os.path.exists(os.path.join(HARNESS_BUILD_DIR, "build.ninja")) and os.path.exists(cache)
+    if not configured or py not in open(cache).read().splitlines():
         steps.append([cmake, "-S", REPO, "-B", HARNESS_BUILD_DIR, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                      "-DRECFLASH_PYTHON=OFF", "-DRECFLASH_BENCH_HARNESSES=ON"])
+                      "-DRECFLASH_PYTHON=OFF", "-DRECFLASH_BENCH_HARNESSES=ON", f"-D{py}"])
     steps.append([cmake, "--build", HARNESS_BUILD_DIR, "--target", name])
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -135,6 +140,7 @@ def build_harness(name: str, libs: list[str] | None = None) -> str:
 
 
 _ITEMS_CHECKSUM = None
+_TABLE_CHECKSUM = None
 
 
 def items_checksum_fn():
@@ -152,6 +158,25 @@ def items_checksum_fn():
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
         _ITEMS_CHECKSUM = fn
     return _ITEMS_CHECKSUM
+
+
+def table_checksum_fn():
+    """rf_table_checksum(table, value bytes, byref items, byref checksum) -> 0 from
+    benchmarks/csrc/table_checksum.cc (built on first use, loaded with the GIL held): the
+    checksum of items_checksum_fn() over a scan's pyarrow.Table in one call; -1 for a table it
+    does not take (chunked, nulls, another value type), -2 when its columns' lengths differ."""
+    global _TABLE_CHECKSUM
+    if _TABLE_CHECKSUM is None:
+        import ctypes
+
+        build_harness("table_checksum")
+        lib = ctypes.PyDLL(os.path.join(HARNESS_BUILD_DIR, "libtable_checksum.so"))
+        fn = lib.rf_table_checksum
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.py_object, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64),
+                       ctypes.POINTER(ctypes.c_uint64)]
+        _TABLE_CHECKSUM = fn
+    return _TABLE_CHECKSUM
 
 
 def maxrss_mb() -> float:

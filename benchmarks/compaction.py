@@ -851,6 +851,7 @@ class ReaderAccountingRunner(Runner):
         self.pages = np.array([c["pages_read"] for c in costs], np.int64)
         self.byts = np.array([c["bytes_read"] for c in costs], np.int64)
         self.useful = np.array([c["useful_bytes"] for c in costs], np.int64)
+        self.requests = np.array([c.get("read_requests", 0) for c in costs], np.int64)
         self.s0, self.s1 = s0, s1
         st.close()
         shutil.rmtree(self.path, ignore_errors=True)
@@ -868,6 +869,7 @@ class ReaderAccountingRunner(Runner):
             metadata_bytes=s1["metadata_dram_bytes_per_item"] * wl.N, load_time_s=self.load_time,
             update_phase_wall_s=self.update_time,
             pages_read_vs_ideal=float(self.pages[wl.reads].sum() / ideal[wl.reads].sum()),
+            read_requests=int(self.requests[wl.reads].sum()),  # device reads as a scan coalesces its pages
             options=dataclasses.asdict(self.opts),
             reader_stats=_reader_stats(self.s0, s1, s1, self.overrides, self.update_bytes),
             notes="engine accounting mode (StoreOptions.accounting=True): identical layout decisions, no page I/O; "

@@ -2,6 +2,7 @@
 checksums, building the C++ harnesses, dropping the OS page cache."""
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -139,44 +140,41 @@ def build_harness(name: str, libs: list[str] | None = None) -> str:
     return out
 
 
-_ITEMS_CHECKSUM = None
-_TABLE_CHECKSUM = None
+def _harness_function(target: str, symbol: str, restype, argtypes, *, gil: bool = False):
+    """`symbol` of the shared-library harness `target` (lib<target>.so, built on first use by
+    build_harness), typed for ctypes; gil: loaded with ctypes.PyDLL (called with the GIL held,
+    for functions that take Python objects), else ctypes.CDLL."""
+    import ctypes
+
+    build_harness(target)
+    lib = (ctypes.PyDLL if gil else ctypes.CDLL)(os.path.join(HARNESS_BUILD_DIR, f"lib{target}.so"))
+    fn = getattr(lib, symbol)
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
 
 
+@functools.cache
 def items_checksum_fn():
     """rf_items_checksum(keys address, values address, n, value stride) -> checksum from
-    benchmarks/csrc/item_checksum.cc (built on first use): the sum of item_checksums() of items
-    held in native buffers, e.g. an Arrow table's, without any per-item Python or numpy work."""
-    global _ITEMS_CHECKSUM
-    if _ITEMS_CHECKSUM is None:
-        import ctypes
+    benchmarks/csrc/item_checksum.cc: the sum of item_checksums() of items held in native
+    buffers, e.g. an Arrow table's, without any per-item Python or numpy work."""
+    import ctypes
 
-        build_harness("item_checksum")
-        lib = ctypes.CDLL(os.path.join(HARNESS_BUILD_DIR, "libitem_checksum.so"))
-        fn = lib.rf_items_checksum
-        fn.restype = ctypes.c_uint64
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
-        _ITEMS_CHECKSUM = fn
-    return _ITEMS_CHECKSUM
+    return _harness_function("item_checksum", "rf_items_checksum", ctypes.c_uint64,
+                             [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64])
 
 
+@functools.cache
 def table_checksum_fn():
     """rf_table_checksum(table, value bytes, byref items, byref checksum) -> 0 from
-    benchmarks/csrc/table_checksum.cc (built on first use, loaded with the GIL held): the
-    checksum of items_checksum_fn() over a scan's pyarrow.Table in one call; -1 for a table it
-    does not take (chunked, nulls, another value type), -2 when its columns' lengths differ."""
-    global _TABLE_CHECKSUM
-    if _TABLE_CHECKSUM is None:
-        import ctypes
+    benchmarks/csrc/table_checksum.cc (called with the GIL held): the checksum of
+    items_checksum_fn() over a scan's pyarrow.Table in one call; -1 for a table it does not
+    take (chunked, nulls, another value type), -2 when its columns' lengths differ."""
+    import ctypes
 
-        build_harness("table_checksum")
-        lib = ctypes.PyDLL(os.path.join(HARNESS_BUILD_DIR, "libtable_checksum.so"))
-        fn = lib.rf_table_checksum
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.py_object, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64),
-                       ctypes.POINTER(ctypes.c_uint64)]
-        _TABLE_CHECKSUM = fn
-    return _TABLE_CHECKSUM
+    u64p = ctypes.POINTER(ctypes.c_uint64)
+    return _harness_function("table_checksum", "rf_table_checksum", ctypes.c_int,
+                             [ctypes.py_object, ctypes.c_uint64, u64p, u64p], gil=True)
 
 
 def maxrss_mb() -> float:

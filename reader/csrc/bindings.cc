@@ -223,15 +223,22 @@ class PyStore {
     Check(st);
   }
 
-  py::tuple ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi) {
+  // The engine's scan of `names` with the GIL released (the one read behind scan_many and
+  // scan_table); a failure raises.
+  std::vector<ColumnData> Scan(const std::vector<std::string>& names, uint64_t lo, uint64_t hi, ReadStats* rs) {
     std::vector<ColumnData> cols;
-    ReadStats rs;
     Status st;
     {
       py::gil_scoped_release nogil;
-      st = s_->ScanMany(names, lo, hi, &cols, &rs);
+      st = s_->ScanMany(names, lo, hi, &cols, rs);
     }
     Check(st);
+    return cols;
+  }
+
+  py::tuple ScanMany(const std::vector<std::string>& names, uint64_t lo, uint64_t hi) {
+    ReadStats rs;
+    std::vector<ColumnData> cols = Scan(names, lo, hi, &rs);
     py::list out;
     for (size_t i = 0; i < cols.size(); i++) {
       FeatureDef d;
@@ -244,14 +251,8 @@ class PyStore {
   // (pyarrow.Table of `key` and `value` with `schema`, read stats) of one feature: Store.scan's
   // one crossing, the table made here over the engine's buffers (arrow_bindings.h says why).
   py::tuple ScanTable(const std::string& name, uint64_t lo, uint64_t hi, bool drop_max_key, const py::handle& schema) {
-    std::vector<ColumnData> cols;
     ReadStats rs;
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = s_->ScanMany({name}, lo, hi, &cols, &rs);
-    }
-    Check(st);
+    std::vector<ColumnData> cols = Scan({name}, lo, hi, &rs);
     FeatureDef d;
     Check(s_->LookupFeature(name, &d));
     return py::make_tuple(bind::ScanTable(std::move(cols[0]), d, schema, drop_max_key), ReadStatsTuple(rs));

@@ -6,8 +6,8 @@ read loop or a hung ring spins forever):
   request left in its queue used to hang, its in-flight count wrapped, or deliver another
   call's bytes);
 - ReadRuns keeps at most its byte budget of runs in flight (StoreOptions
-  read_inflight_bytes), tapering to 3/4 of what is left near the end, still reads a run
-  larger than the budget, and never stalls — also
+  read_inflight_bytes), tapering to 3/4 of what is left near the end (never below four reads
+  the budget has room for), still reads a run larger than the budget, and never stalls — also
   when completions are held back (the reverse completion order keeps completed slots until
   the ring is idle).
 """
@@ -100,6 +100,18 @@ BUDGET_CHILD = textwrap.dedent(
         assert b == data[first * PAGE:(first + count) * PAGE], first
     peak = ring.peak_inflight_bytes // PAGE
     assert peak <= 12 and (order == "reverse" or peak >= 9), peak
+    # ...but the taper never holds back one of the first four reads that the budget has room
+    # for: five one-page runs (a small fragmented feature) under a budget of eight pages go
+    # out four at once, where the taper alone (3/4 of five pages) let three go and then one at
+    # a time, each waiting for a completion.
+    five = [(i, 1) for i in range(0, 10, 2)]
+    got = ring.read_runs(path, PAGE, five, max_inflight_bytes=8 * PAGE)
+    for (first, count), b in zip(five, got):
+        assert b == data[first * PAGE:(first + count) * PAGE], first
+    assert ring.peak_inflight_bytes // PAGE == 4, ring.peak_inflight_bytes
+    got = ring.read_runs(path, PAGE, five, max_inflight_bytes=2 * PAGE)  # and never past the budget
+    assert [bytes(b) for b in got] == [data[f * PAGE:(f + 1) * PAGE] for f, _ in five]
+    assert ring.peak_inflight_bytes // PAGE == 2, ring.peak_inflight_bytes
     assert not ring.broken
     print("ok")
     '''

@@ -598,7 +598,10 @@ bool PlaceIndexedW(const SegmentView& sv, const IndexPlan::Slot* sa, size_t ma, 
   // names) are skipped on the way, four at a time: keys ascend, so how many of the next four
   // are below the slot's key is how far to move (a loop per record mispredicted its exit at
   // every run of stale records). False when the page disagrees with the index.
-  auto place = [&](const IndexPlan::Slot& s, uint32_t* rp) {
+  // Inlined into the loops below, so each chain's position stays in a register: called out
+  // of line, every search reloaded it (and the captured pointers) from memory and stored it
+  // back, a store-to-load round trip in the middle of the dependent chain.
+  auto place = [&](const IndexPlan::Slot& s, uint32_t* rp) __attribute__((always_inline)) {
     const uint64_t key = s.key;
     uint32_t r = *rp;
     for (;;) {

@@ -6,10 +6,10 @@ read loop or a hung ring spins forever):
   request left in its queue used to hang, its in-flight count wrapped, or deliver another
   call's bytes);
 - ReadRuns keeps at most its byte budget of runs in flight (StoreOptions
-  read_inflight_bytes), tapering to 3/4 of what is left near the end (never below four reads
-  the budget has room for), still reads a run larger than the budget, and never stalls — also
-  when completions are held back (the reverse completion order keeps completed slots until
-  the ring is idle).
+  read_inflight_bytes), tapering to 3/4 of what is left near the end (a call that fits the
+  budget: never below four reads), still reads a run larger than the budget, and never
+  stalls — also when completions are held back (the reverse completion order keeps completed
+  slots until the ring is idle).
 """
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ BUDGET_CHILD = textwrap.dedent(
         assert b == data[first * PAGE:(first + count) * PAGE], first
     peak = ring.peak_inflight_bytes // PAGE
     assert peak <= 12 and (order == "reverse" or peak >= 9), peak
-    # ...but the taper never holds back one of the first four reads that the budget has room
-    # for: five one-page runs (a small fragmented feature) under a budget of eight pages go
-    # out four at once, where the taper alone (3/4 of five pages) let three go and then one at
-    # a time, each waiting for a completion.
+    # ...but a call that fits its budget whole keeps four reads in flight that the budget has
+    # room for: five one-page runs (a small fragmented feature) under a budget of eight pages
+    # go out four at once, where the taper alone (3/4 of five pages) let three go and then one
+    # at a time, each waiting for a completion.
     five = [(i, 1) for i in range(0, 10, 2)]
     got = ring.read_runs(path, PAGE, five, max_inflight_bytes=8 * PAGE)
     for (first, count), b in zip(five, got):

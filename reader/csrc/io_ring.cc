@@ -239,21 +239,24 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   // store: its lane-scanned features 5-9 % faster per pass (1/2: 1 %, 5/8: 5 %, 7/8: 7 %),
   // packed ones -1 to +3 %.
   //
-  // The taper never holds back one of the first kMinReads reads in flight when the untapered
-  // budget has room for it. Short runs (a fragmented feature's pages: a few runs of 2-3 pages
-  // each) would otherwise go out one by one near the end, each waiting for the one before it:
-  // with 160 KiB in five runs the taper let three go, then one at a time, so a small fragmented
-  // feature paid the device's latency two or three times over (and a virtio notification per
-  // read). Measured alternating on the compaction benchmark's default store, its 342 reads of
+  // A call that fits its budget whole is not tapered below kMinReads reads in flight: its
+  // short runs (a small fragmented feature's pages, a few runs of 2-3 pages each) would
+  // otherwise go out one by one near the end, each waiting for the one before it. With
+  // 160 KiB in five runs the taper let three go, then one at a time, so such a feature paid
+  // the device's latency two or three times over (and a virtio notification per read).
+  // Measured alternating on the compaction benchmark's default store, its 342 reads of
   // features under 16 pages (~4.6 runs each, ten passes): 0.80-0.84 s with the taper alone,
-  // 0.62-0.75 s with at least 2 reads, 0.60-0.67 s with 4, 0.68-0.77 s with 8. Long runs are
-  // unaffected: two reads of up to max_io_bytes each do not fit a one-lane budget.
+  // 0.62-0.75 s with at least 2 reads, 0.60-0.67 s with 4, 0.68-0.77 s with 8; its lanes'
+  // shares of the features of 16-64 pages 3-6 % faster. Longer calls keep the taper, which is
+  // what shortens their last window; long runs are unaffected anyway (two reads of up to
+  // max_io_bytes do not fit a one-lane budget).
   constexpr unsigned kMinReads = 4;
+  const bool fits_budget = unissued_bytes <= max_inflight_bytes;  // the whole call
   auto may_issue = [&]() {
     if (next >= runs.size() || free_slots.empty()) return false;
     if (max_inflight_bytes == 0 || inflight == 0) return true;
     const uint64_t after = inflight_bytes + static_cast<uint64_t>(runs[next].count) * page_size;
-    if (inflight < kMinReads && after <= max_inflight_bytes) return true;
+    if (fits_budget && inflight < kMinReads && after <= max_inflight_bytes) return true;
     const uint64_t budget = std::min(max_inflight_bytes, (unissued_bytes + inflight_bytes) / 4 * 3);
     return after <= budget;
   };

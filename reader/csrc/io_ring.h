@@ -89,8 +89,8 @@ class IoRing {
   // do until the last read is in, while a shallower queue it completes in a steady stream
   // at the same throughput, the decoding overlapping the reads (see StoreOptions). Near the
   // end it tapers to 3/4 of what is left to read, so the last window, decoded after the
-  // device is done, is small; but never below four reads in flight that the budget has room
-  // for, so that short runs do not go out one by one.
+  // device is done, is small; a call that fits the budget whole keeps at least four reads in
+  // flight that the budget has room for, so that its short runs do not go out one by one.
   Status ReadRuns(int fd, const std::string& path, uint32_t page_size, const std::vector<PageRun>& runs,
                   const RunCallback& cb, const IdleFn& idle = nullptr, uint64_t max_inflight_bytes = 0);
   // Most bytes the last ReadRuns had in flight at once (tests: the budget holds).

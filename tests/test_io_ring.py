@@ -73,14 +73,19 @@ BUDGET_CHILD = textwrap.dedent(
     PAGE = 4096
     data = open(path, "rb").read()
     _native._set_io_completion_order(order)
+
+    def read(ring, runs, budget_pages):
+        """Reads `runs` under the budget, checks every run's bytes; the peak in pages."""
+        got = ring.read_runs(path, PAGE, runs, max_inflight_bytes=budget_pages * PAGE)
+        for (first, count), b in zip(runs, got):
+            assert b == data[first * PAGE:(first + count) * PAGE], (budget_pages, first, count)
+        return ring.peak_inflight_bytes // PAGE
+
     ring = testing.TestRing(8, 4 * PAGE)
     runs = [(0, 1), (2, 3), (6, 1), (8, 4), (13, 2), (16, 1), (18, 1), (20, 3), (24, 4), (29, 1), (31, 1)]
     for budget_pages in (0, 1, 2, 3, 5, 8, 100):
         for _ in range(2):
-            got = ring.read_runs(path, PAGE, runs, max_inflight_bytes=budget_pages * PAGE)
-            for (first, count), b in zip(runs, got):
-                assert b == data[first * PAGE:(first + count) * PAGE], (budget_pages, first, count)
-            peak = ring.peak_inflight_bytes // PAGE
+            peak = read(ring, runs, budget_pages)
             if budget_pages == 0:
                 # no budget: the ring's depth (8 runs) decides
                 assert peak > 8, (budget_pages, peak)
@@ -95,23 +100,17 @@ BUDGET_CHILD = textwrap.dedent(
     # it is still being queued).
     ones = [(i, 1) for i in range(0, 32, 2)]
     ring = testing.TestRing(32, 4 * PAGE)  # deep enough for all sixteen
-    got = ring.read_runs(path, PAGE, ones, max_inflight_bytes=16 * PAGE)
-    for (first, count), b in zip(ones, got):
-        assert b == data[first * PAGE:(first + count) * PAGE], first
-    peak = ring.peak_inflight_bytes // PAGE
+    peak = read(ring, ones, 16)
     assert peak <= 12 and (order == "reverse" or peak >= 9), peak
     # ...but a call that fits its budget whole keeps four reads in flight that the budget has
     # room for: five one-page runs (a small fragmented feature) under a budget of eight pages
     # go out four at once, where the taper alone (3/4 of five pages) let three go and then one
     # at a time, each waiting for a completion.
     five = [(i, 1) for i in range(0, 10, 2)]
-    got = ring.read_runs(path, PAGE, five, max_inflight_bytes=8 * PAGE)
-    for (first, count), b in zip(five, got):
-        assert b == data[first * PAGE:(first + count) * PAGE], first
-    assert ring.peak_inflight_bytes // PAGE == 4, ring.peak_inflight_bytes
-    got = ring.read_runs(path, PAGE, five, max_inflight_bytes=2 * PAGE)  # and never past the budget
-    assert [bytes(b) for b in got] == [data[f * PAGE:(f + 1) * PAGE] for f, _ in five]
-    assert ring.peak_inflight_bytes // PAGE == 2, ring.peak_inflight_bytes
+    peak = read(ring, five, 8)
+    assert peak == 4, peak
+    peak = read(ring, five, 2)  # and never past the budget
+    assert peak == 2, peak
     assert not ring.broken
     print("ok")
     '''

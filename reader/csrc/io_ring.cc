@@ -247,9 +247,9 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
   // Measured alternating on the compaction benchmark's default store, its 342 reads of
   // features under 16 pages (~4.6 runs each, ten passes): 0.80-0.84 s with the taper alone,
   // 0.62-0.75 s with at least 2 reads, 0.60-0.67 s with 4, 0.68-0.77 s with 8; its lanes'
-  // shares of the features of 16-64 pages 3-6 % faster. Longer calls keep the taper, which is
-  // what shortens their last window; long runs are unaffected anyway (two reads of up to
-  // max_io_bytes do not fit a one-lane budget).
+  // shares of the features of 16-64 pages 1-10 % faster (three pairs). Longer calls keep the
+  // taper, which is what shortens their last window; long runs are unaffected anyway (two
+  // reads of up to max_io_bytes do not fit a one-lane budget).
   constexpr unsigned kMinReads = 4;
   const bool fits_budget = unissued_bytes <= max_inflight_bytes;  // the whole call
   auto may_issue = [&]() {

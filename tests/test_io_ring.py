@@ -111,6 +111,16 @@ BUDGET_CHILD = textwrap.dedent(
     assert peak == 4, peak
     peak = read(ring, five, 2)  # and never past the budget
     assert peak == 2, peak
+    # An idle function that pumps the ring (a lane making its plan): the reads it takes are
+    # delivered afterwards, each run once with its own bytes, and more go out meanwhile.
+    six = [(i, 1) for i in range(0, 12, 2)]
+    got = ring.read_runs(path, PAGE, six, max_inflight_bytes=2 * PAGE, idle_pump_ms=20)
+    for (first, count), b in zip(six, got):
+        assert b == data[first * PAGE:(first + count) * PAGE], (first, count)
+    assert ring.pumped_runs >= 2, ring.pumped_runs
+    assert ring.peak_inflight_bytes <= 2 * PAGE, ring.peak_inflight_bytes
+    read(ring, five, 8)  # and a call without pumps afterwards counts none
+    assert ring.pumped_runs == 0, ring.pumped_runs
     assert not ring.broken
     print("ok")
     '''

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 
 #include "reader/csrc/clock.h"
@@ -168,7 +169,11 @@ bool IoRing::SubmitIdleWait(const std::string& path, const IdleFn& idle, unsigne
     *status = Abandon(Status::FromErrno("io_uring_submit", path, -rc), inflight);
     return false;
   }
+  pumped_ = false;
   *status = idle();
+  // Its pumps took completions (and the wait below might have none left to see): those are
+  // delivered first.
+  if (pumped_) return true;
   io_uring_cqe* first;
   const double t = Now();
   Poll(want);  // (then the wait below returns without entering the kernel)
@@ -316,30 +321,10 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
     }
     return true;
   };
-  while (next < runs.size() || inflight > 0) {
-    bool queued = unsent > 0;
-    unsent = 0;  // (submitted by this round's submit or wait)
-    while (status.ok() && may_issue()) {
-      unsigned s = free_slots.back();
-      free_slots.pop_back();
-      issue(s);
-      submit_slot(s);
-      queued = true;
-      if (first_alone) {
-        first_alone = false;
-        if (may_issue() && !push()) return Abandon(status, inflight);
-      }
-    }
-    if (!status.ok() && inflight == 0) break;
-    if (idle && status.ok() && inflight > 0) {
-      if (!SubmitIdleWait(path, idle, 1, inflight, &status)) return status;
-    } else if (queued || inflight > 0) {
-      int rc = Submit(1, path);
-      if (rc < 0 && rc != -EINTR) {
-        if (status.ok()) status = Status::FromErrno("io_uring_submit", path, -rc);
-        return Abandon(status, inflight);
-      }
-    }
+  std::deque<unsigned> ready;  // completed runs not yet delivered, in completion order
+  // Takes the completions there are: complete runs to `ready` (kReverse: `held`), short reads
+  // resubmitted, failed ones recorded in `status`.
+  auto reap = [&]() {
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
     std::vector<unsigned> completed;
@@ -392,8 +377,55 @@ Status IoRing::ReadRuns(int fd, const std::string& path, uint32_t page_size, con
       }
       if (reverse) {
         held.push_back(s);
-        continue;
+      } else {
+        ready.push_back(s);
       }
+    }
+  };
+  pumped_runs_ = 0;
+  struct PumpReset {
+    IoRing* r;
+    ~PumpReset() { r->pump_ = nullptr; }
+  } pump_reset{this};
+  pump_ = [&]() {
+    if (io_uring_cq_ready(&ring_) == 0) return;
+    const size_t before = ready.size() + held.size();
+    reap();
+    pumped_runs_ += ready.size() + held.size() - before;
+    pumped_ = true;
+    // A refused submit leaves status set: the loop below stops issuing and drains.
+    if (!refill()) next = runs.size();
+  };
+  while (next < runs.size() || inflight > 0 || !ready.empty()) {
+    if (ready.empty()) {
+      bool queued = unsent > 0;
+      unsent = 0;  // (submitted by this round's submit or wait)
+      while (status.ok() && may_issue()) {
+        unsigned s = free_slots.back();
+        free_slots.pop_back();
+        issue(s);
+        submit_slot(s);
+        queued = true;
+        if (first_alone) {
+          first_alone = false;
+          if (may_issue() && !push()) return Abandon(status, inflight);
+        }
+      }
+      if (!status.ok() && inflight == 0) break;
+      if (idle && status.ok() && inflight > 0) {
+        if (!SubmitIdleWait(path, idle, 1, inflight, &status)) return status;
+      } else if (queued || inflight > 0) {
+        int rc = Submit(1, path);
+        if (rc < 0 && rc != -EINTR) {
+          if (status.ok()) status = Status::FromErrno("io_uring_submit", path, -rc);
+          return Abandon(status, inflight);
+        }
+      }
+      reap();
+    }
+    while (!ready.empty()) {
+      const unsigned s = ready.front();
+      ready.pop_front();
       // Refill before delivering, and again after: the reaped run's bytes already left the
       // in-flight budget, so its successor goes to the device while the callback verifies
       // and places this one (refilling only after it left the device one read short for the

@@ -172,8 +172,11 @@ class IndexPlanner {
   // Refs, Size, Slots and Finish.
   bool fused() const { return fused_; }
   // Part p of the one-pass plan. False when an entry names a page not in `refs` (or a
-  // tombstone) or a ref would get more entries than its valid records.
-  bool Fused(unsigned p);
+  // tombstone) or a ref would get more entries than its valid records. `yield` (when set) is
+  // called between chunks of kYieldEntries entries: a scan's lane keeps its reads going
+  // meanwhile (IoRing::Pump).
+  static constexpr size_t kYieldEntries = 8192;
+  bool Fused(unsigned p, const std::function<void()>& yield = nullptr);
   // After every part's Fused returned true: whether every ref got exactly its valid records
   // (then the plan is done), else the index and the pages' counts disagree.
   bool FinishFused();
@@ -222,8 +225,9 @@ class LanePlan {
   LanePlan(const IndexEntries* index, const std::vector<PageRef>& refs,
            const BufferedItems& buf, uint32_t width, ColumnData* col, IndexPlan* plan, unsigned lanes,
            std::function<bool()> prepare = nullptr);
-  // Lane l's share (lane l's thread only; later calls return at once).
-  void Share(unsigned l);
+  // Lane l's share (lane l's thread only; later calls return at once). `yield`: see
+  // IndexPlanner::Fused.
+  void Share(unsigned l, const std::function<void()>& yield = nullptr);
   // Waits until every lane's share is done: whether the plan holds (false: index and pages
   // disagree; the feature is merged from chunks instead).
   bool Planned();

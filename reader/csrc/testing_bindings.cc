@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "reader/csrc/block_sums.h"
 #include "reader/csrc/crc32c.h"
@@ -45,9 +47,11 @@ class TestRing {
     if (!s.ok()) throw std::runtime_error(s.ToString());
   }
   // Bytes of each run, in run order. Errors come back as RuntimeError("<Code>: message").
+  // idle_pump_ms > 0: an idle function that works that long, pumping the ring halfway and at
+  // its end (IoRing::Pump), as a lane's plan does.
   std::vector<py::bytes> ReadRuns(const std::string& path, uint32_t page_size,
                                   const std::vector<std::pair<uint32_t, uint32_t>>& runs,
-                                  uint64_t max_inflight_bytes) {
+                                  uint64_t max_inflight_bytes, double idle_pump_ms) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw std::runtime_error("cannot open " + path);
     std::vector<PageRun> pr;
@@ -61,7 +65,13 @@ class TestRing {
           if (pr[i].first == r.first && pr[i].count == r.count)
             out[i].assign(reinterpret_cast<const char*>(data), static_cast<size_t>(r.count) * page_size);
         return Status::OK();
-      }, nullptr, max_inflight_bytes);
+      }, idle_pump_ms > 0 ? IoRing::IdleFn([&]() {
+        for (int half = 0; half < 2; half++) {
+          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(idle_pump_ms / 2));
+          ring_->Pump();
+        }
+        return Status::OK();
+      }) : IoRing::IdleFn(), max_inflight_bytes);
     }
     ::close(fd);
     if (!s.ok()) throw std::runtime_error(s.ToString());
@@ -71,6 +81,7 @@ class TestRing {
   }
   bool broken() const { return ring_->broken(); }
   uint64_t peak_inflight_bytes() const { return ring_->peak_inflight_bytes(); }
+  uint64_t pumped_runs() const { return ring_->pumped_runs(); }
 
  private:
   std::unique_ptr<IoRing> ring_;
@@ -240,8 +251,9 @@ void RegisterTestingBindings(py::module_& parent) {
   py::class_<TestRing>(m, "TestRing")
       .def(py::init<unsigned, uint32_t>(), py::arg("depth"), py::arg("slot_bytes"))
       .def("read_runs", &TestRing::ReadRuns, py::arg("path"), py::arg("page_size"), py::arg("runs"),
-           py::arg("max_inflight_bytes") = 0)
+           py::arg("max_inflight_bytes") = 0, py::arg("idle_pump_ms") = 0.0)
       .def_property_readonly("peak_inflight_bytes", &TestRing::peak_inflight_bytes)
+      .def_property_readonly("pumped_runs", &TestRing::pumped_runs)
       .def_property_readonly("broken", &TestRing::broken);
 }
 

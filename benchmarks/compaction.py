@@ -736,8 +736,8 @@ class ReaderRunner(Runner):
 
     #: The StoreOptions fields engine_reader takes (those a scan depends on).
     NATIVE_OPTIONS = ("page_size", "write_buffer_bytes", "direct_io", "queue_depth", "max_io_bytes",
-                      "read_inflight_bytes", "single_lane_inflight_bytes", "read_poll_us", "scan_threads",
-                      "verify_block_reads")
+                      "read_inflight_bytes", "single_lane_inflight_bytes", "read_poll_us", "lane_read_poll_us",
+                      "scan_threads", "verify_block_reads")
 
     def _replay_native(self, idx: np.ndarray) -> None:
         """The round's scans again, through the engine's C++ API in one C++ loop

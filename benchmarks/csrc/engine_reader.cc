@@ -16,7 +16,8 @@
 //              u64 pages_read, u64 items, u64 checksum}
 //   --option   a StoreOptions field the reads depend on (page_size, write_buffer_bytes,
 //              direct_io, queue_depth, max_io_bytes, read_inflight_bytes,
-//              single_lane_inflight_bytes, read_poll_us, scan_threads, verify_block_reads);
+//              single_lane_inflight_bytes, read_poll_us, lane_read_poll_us, scan_threads,
+//              verify_block_reads);
 //              the others keep the engine's defaults (no write happens).
 // The checksum is item_checksum.cc's (page_reader's formula): sum(key * 0x9E3779B97F4A7C15 + first
 // 8 value bytes) (mod 2^64), taken after the timer, so the benchmark checks these reads against
@@ -72,6 +73,7 @@ void SetOption(StoreOptions* o, const std::string& kv) {
   else if (k == "read_inflight_bytes") o->read_inflight_bytes = n;
   else if (k == "single_lane_inflight_bytes") o->single_lane_inflight_bytes = n;
   else if (k == "read_poll_us") o->read_poll_us = static_cast<uint32_t>(n);
+  else if (k == "lane_read_poll_us") o->lane_read_poll_us = static_cast<uint32_t>(n);
   else if (k == "scan_threads") o->scan_threads = static_cast<uint32_t>(n);
   else if (k == "verify_block_reads") o->verify_block_reads = b;
   else Die("unknown or unsupported option '" + k + "'");

@@ -93,6 +93,7 @@ const OptionField<StoreOptions> kStoreOptions[] = {
     RF_OPTION("read_inflight_bytes", read_inflight_bytes),
     RF_OPTION("single_lane_inflight_bytes", single_lane_inflight_bytes),
     RF_OPTION("read_poll_us", read_poll_us),
+    RF_OPTION("lane_read_poll_us", lane_read_poll_us),
     RF_OPTION("scan_threads", scan_threads),
     RF_OPTION("free_reserve_buffers", free_reserve_buffers),
     RF_OPTION("verify_block_reads", verify_block_reads),

@@ -120,6 +120,7 @@ Status StoreImpl::OpenImpl(const std::string& path) {
   if (o_.build_threads < 1 || o_.build_threads > 64) return Status::InvalidArgument("build_threads must be in [1, 64]");
   if (o_.scan_threads < 1 || o_.scan_threads > 16) return Status::InvalidArgument("scan_threads must be in [1, 16]");
   if (o_.read_poll_us > 10000) return Status::InvalidArgument("read_poll_us must be in [0, 10000]");
+  if (o_.lane_read_poll_us > 10000) return Status::InvalidArgument("lane_read_poll_us must be in [0, 10000]");
   RF_RETURN_IF_ERROR(CheckTuningOptions(o_));
   if (o_.wal_recovery != "tolerate_torn_tail" && o_.wal_recovery != "point_in_time")
     return Status::InvalidArgument("wal_recovery '" + o_.wal_recovery +

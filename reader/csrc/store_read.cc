@@ -613,7 +613,7 @@ Status StoreImpl::ScanPass(const std::vector<std::string>& names, uint64_t lo, u
       return ReadPages(r, p, fn, idle, share);
     };
     lane_scans_++;
-    Status rs = ReadPlacedInLanes(&helpers, rings_, o_.read_poll_us, pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
+    Status rs = ReadPlacedInLanes(&helpers, rings_, std::max(o_.read_poll_us, o_.lane_read_poll_us), pids, users, &fs[0], &(*out)[0], read, segment, copy_indexes,
                                   &encoded, &io);
     RF_RETURN_IF_ERROR(decode_status);
     if (!rs.ok()) return ExplainReadFailure(rs);

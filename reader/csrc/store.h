@@ -88,13 +88,13 @@ struct StoreOptions {
   // What a thread of a scan on several lanes (a large fragmented feature's: scan_threads)
   // polls before it sleeps, when read_poll_us is less. Such a scan already holds a helper
   // core, and its lanes wait for the device many times (a window of the first reads, then
-  // each refill); woken from the kernel each time, they lost ~20 us a wait. Measured on the
-  // compaction benchmark's default store, reading every scan both ways in one process:
-  // scans of 16-64 pages 5.0 % and of 128+ pages 6.9 % less time with 300 (0.956, 0.937 x the
-  // whole read sequence's time with 100 and 300 without the yield below, 0.971 and 0.955 with
-  // it), at ~10 % more CPU with 100. The poll yields the core every ~10 us
-  // (IoRing::Poll), so other runnable threads are not held off. 0: lane scans sleep at once.
-  // At most 10,000.
+  // each refill); woken from the kernel each time, they lost ~20 us a wait. The poll yields
+  // the core every ~10 us (IoRing::Poll), so other runnable threads are not held off.
+  // Measured on the compaction benchmark's default store, reading every scan both ways in one
+  // process, as a share of the read sequence's time:
+  //   300 us: 0.955 (scans of 16-64 pages 0.950, of 128+ pages 0.931); 100 us: 0.971;
+  //   without the yield 0.937 and 0.956; ~10 % more CPU with 100 us.
+  // 0: lane scans sleep at once. At most 10,000.
   uint32_t lane_read_poll_us = 300;
   // Threads that read and place the pages of one large fragmented feature (a scan through
   // the key index): the scan's own thread and scan_threads - 1 helpers, each reading its share
